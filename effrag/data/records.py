@@ -10,15 +10,11 @@ lookup rather than a fuzzy match.
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-_WS = re.compile(r"\s+")
-
-
 def normalize_space(s: str) -> str:
-    return _WS.sub(" ", s).strip()
+    return " ".join(s.split())
 
 
 def passage_id(title: str, text: str) -> str:

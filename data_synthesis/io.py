@@ -1,0 +1,171 @@
+"""Resumable, crash-safe JSONL output of the synthesis pipeline.
+
+Layout of an output directory::
+
+    labeler.jsonl  filter.jsonl  rejects.jsonl   records, each tagged with qid + dataset
+    done.jsonl                                     one marker per finished question
+
+Scheme (so that a question is either fully present or absent after any crash):
+
+* all lines of one question go to each file in ONE ``write`` followed by flush+fsync;
+* the question's ``done.jsonl`` marker is written (and fsynced) only AFTER its records;
+* on open, every file loses a trailing partial line (a kill -9 mid-write) by being
+  truncated to its last newline, and records whose (dataset, qid) has no done marker
+  (an item interrupted between its record writes and its marker) are removed by
+  rewriting the file through a temporary file + ``os.replace``.
+
+Questions are processed one after another, so orphans can only be the tail of a
+file; filtering the whole file is simply the obviously correct way to drop them.
+A rejected question is also "done": its reject line is its only record.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+FILES = ("labeler", "filter", "rejects")
+DONE = "done"
+
+# Test hook: seconds to sleep between an item's record writes and its done marker,
+# so that a crash test can reliably kill a run inside that window.
+WRITE_DELAY_ENV = "EFFRAG_SYNTH_WRITE_DELAY"
+
+
+def item_key(dataset: str, qid: str) -> str:
+    """Identity of a question across pooled datasets (qids alone may collide)."""
+    return f"{dataset}\t{qid}"
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Records of a JSONL file; a bad line raises ValueError naming file and line."""
+    path = Path(path)
+    if not path.exists():
+        return
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: invalid JSON line: {e.msg}") from None
+
+
+def _truncate_partial_line(path: Path) -> int:
+    """Cut ``path`` after its last newline; returns the number of bytes dropped."""
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with path.open("rb+") as f:
+        pos = size
+        while pos > 0:  # scan backwards in blocks for the last newline
+            start = max(0, pos - 65536)
+            f.seek(start)
+            block = f.read(pos - start)
+            nl = block.rfind(b"\n")
+            if nl >= 0:
+                keep = start + nl + 1
+                break
+            pos = start
+        else:
+            keep = 0
+        if keep < size:
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+        return size - keep
+
+
+def _dumps(rec: dict[str, Any]) -> str:
+    return json.dumps(rec, ensure_ascii=False) + "\n"
+
+
+class ResumableWriter:
+    """Append finished questions to ``out_dir``; skip them on a rerun via :attr:`done_ids`."""
+
+    def __init__(self, out_dir: str | Path, *, write_delay: float | None = None):
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.paths = {name: self.out_dir / f"{name}.jsonl" for name in (*FILES, DONE)}
+        self.write_delay = float(os.environ.get(WRITE_DELAY_ENV, 0)) if write_delay is None else write_delay
+        self.recovered = {"partial_lines": 0, "orphan_records": 0}
+        self.done_ids: set[str] = set()
+        self._recover()
+        self._handles = {name: open(p, "ab") for name, p in self.paths.items()}
+
+    # ------------------------------------------------------------ recovery
+    def _recover(self) -> None:
+        for p in self.paths.values():
+            if p.exists():
+                self.recovered["partial_lines"] += int(_truncate_partial_line(p) > 0)
+        for rec in read_jsonl(self.paths[DONE]):
+            self.done_ids.add(item_key(rec["dataset"], rec["qid"]))
+        for name in FILES:
+            self._drop_orphans(self.paths[name])
+
+    def _drop_orphans(self, path: Path) -> None:
+        if not path.exists():
+            return
+        keep: list[str] = []
+        dropped = 0
+        with path.open(encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                rec = json.loads(line)
+                if item_key(rec["dataset"], rec["qid"]) in self.done_ids:
+                    keep.append(line)
+                else:
+                    dropped += 1
+        if dropped:
+            tmp = path.with_suffix(".jsonl.tmp")
+            with tmp.open("w", encoding="utf-8") as f:
+                f.writelines(keep)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            self.recovered["orphan_records"] += dropped
+
+    # ------------------------------------------------------------ writing
+    def is_done(self, dataset: str, qid: str) -> bool:
+        return item_key(dataset, qid) in self.done_ids
+
+    def _append(self, name: str, records: Iterable[dict[str, Any]]) -> int:
+        data = "".join(_dumps(r) for r in records).encode("utf-8")
+        if data:
+            h = self._handles[name]
+            h.write(data)
+            h.flush()
+            os.fsync(h.fileno())
+        return len(data)
+
+    def write_item(self, dataset: str, qid: str, *, labeler: list[dict] = (), filters: list[dict] = (),
+                   rejects: list[dict] = (), status: str = "ok", notes: dict | None = None) -> None:
+        """Persist every record of one finished question, then its done marker."""
+        for name, recs in (("labeler", labeler), ("filter", filters), ("rejects", rejects)):
+            for r in recs:
+                if r.get("qid") != qid or r.get("dataset") != dataset:
+                    raise ValueError(f"{name} record tagged {r.get('dataset')}/{r.get('qid')} "
+                                     f"written for item {dataset}/{qid}")
+            self._append(name, recs)
+        if self.write_delay:
+            time.sleep(self.write_delay)
+        marker = {"qid": qid, "dataset": dataset, "status": status,
+                  "labeler": len(labeler), "filter": len(filters)}
+        if notes:
+            marker["notes"] = notes
+        self._append(DONE, [marker])
+        self.done_ids.add(item_key(dataset, qid))
+
+    def close(self) -> None:
+        for h in self._handles.values():
+            h.close()
+
+    def __enter__(self) -> "ResumableWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

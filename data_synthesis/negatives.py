@@ -1,0 +1,67 @@
+"""Hard negatives for the Labeler's <Terminate> tag (paper §3.2, "Negative Sampling").
+
+Every query the Labeler will see - the question at hop 1 and each Filter target at
+the hop after it - is searched with the foundation retriever; the best hit that is
+not a gold chunk becomes a Labeler record with ``tag=0`` and all-zero labels. A hit
+is "gold" if its id is a gold id *or* its title is a gold title (the same article
+under another id, e.g. a differently whitespaced copy from another dataset file),
+so that a near-duplicate of the gold chunk is never taught as irrelevant.
+
+Searches are batched over many questions: one ``retriever.search`` call per batch.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from effrag.data.records import Passage, Question, normalize_space
+from effrag.retrieval.base import Retriever
+from effrag.text import words
+
+from .llm_steps import chunk_text
+
+
+def negative_queries(question: Question, filter_records: Sequence[dict]) -> list[tuple[int, str]]:
+    """(hop, query) pairs to mine negatives for: the question at hop 1, each Filter target after."""
+    out: list[tuple[int, str]] = [(1, question.question)]
+    for f in filter_records:
+        out.append((int(f["hop"]) + 1, f["target"]))
+    seen: set[str] = set()
+    return [(h, q) for h, q in out if q.strip() and not (q in seen or seen.add(q))]
+
+
+def _title_key(title: str) -> str:
+    return normalize_space(title).casefold()
+
+
+def mine_negatives(items: Sequence[tuple[Question, Sequence[dict]]], retriever: Retriever, *,
+                   k: int = 10, per_query: int = 1, source: str = "annotation") -> list[list[dict]]:
+    """Negative Labeler records for each ``(question, filter_records)`` item, in item order.
+
+    ``per_query`` negatives are taken per query, best-ranked first; a query whose top
+    ``k`` hits are all gold gets none.
+    """
+    if per_query < 1 or k < per_query:
+        raise ValueError(f"need 1 <= per_query <= k, got per_query={per_query}, k={k}")
+    plan: list[tuple[int, int, str]] = []  # (item index, hop, query)
+    for n, (q, filters) in enumerate(items):
+        plan.extend((n, hop, query) for hop, query in negative_queries(q, filters))
+    hits = retriever.search([query for _, _, query in plan], k) if plan else []
+    out: list[list[dict]] = [[] for _ in items]
+    word_cache: dict[str, list[str]] = {}
+    for (n, hop, query), ranked in zip(plan, hits):
+        q = items[n][0]
+        gold_ids = set(q.gold_ids)
+        gold_titles = {_title_key(p.title) for p in q.gold}
+        taken = 0
+        for h in ranked:
+            if h.id in gold_ids or _title_key(h.title) in gold_titles:
+                continue
+            if h.id not in word_cache:
+                word_cache[h.id] = words(chunk_text(Passage(id=h.id, title=h.title, text=h.text)))
+            cw = word_cache[h.id]
+            out[n].append({"qid": q.id, "dataset": q.dataset, "hop": hop, "query": query, "chunk_id": h.id,
+                           "chunk_words": cw, "labels": [0] * len(cw), "tag": 0, "source": source})
+            taken += 1
+            if taken == per_query:
+                break
+    return out

@@ -1,0 +1,265 @@
+"""Synthesis of EfficientRAG training data: annotation path, negatives, resumable output, stats."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from data_synthesis.align import align, content_keys, key_matches
+from data_synthesis.annotation import annotate_question
+from data_synthesis.io import ResumableWriter, read_jsonl
+from data_synthesis.llm_steps import INFO, chunk_text
+from data_synthesis.negatives import mine_negatives, negative_queries
+from data_synthesis.pipeline import synthesize
+from data_synthesis.stats import compute_stats, format_table
+from effrag.data import Corpus, load_questions, sample_path
+from effrag.text import join_words, words
+
+REPO = Path(__file__).resolve().parents[1]
+DATASETS = ("hotpotqa", "2wikimqa", "musique")
+
+
+@pytest.fixture(scope="module")
+def train():
+    return {ds: load_questions(sample_path(ds, "train")) for ds in DATASETS}
+
+
+@pytest.fixture(scope="module")
+def annotated(train):
+    return {ds: [(q, annotate_question(q)) for q in qs] for ds, qs in train.items()}
+
+
+def _has_phrase(ws: list[str], labels: list[int], phrase: str) -> bool:
+    """Are at least half of ``phrase``'s content words among the labeled words?"""
+    want = content_keys(words(phrase))
+    got = content_keys([w for w, l in zip(ws, labels) if l])
+    return bool(want) and sum(key_matches(k, got) for k in want) >= len(want) / 2
+
+
+# ------------------------------------------------------------------ annotation path
+
+def test_every_sample_question_yields_well_formed_records(annotated):
+    for ds, items in annotated.items():
+        assert sum(bool(a.labeler) for _, a in items) == len(items), ds
+        for q, a in items:
+            gold = {p.id: p for p in q.gold}
+            for r in a.labeler:
+                assert r["qid"] == q.id and r["dataset"] == ds and r["source"] == "annotation"
+                assert r["tag"] == 1 and r["chunk_id"] in gold and r["hop"] >= 1
+                assert r["chunk_words"] == words(chunk_text(gold[r["chunk_id"]]))
+                assert len(r["labels"]) == len(r["chunk_words"]) and set(r["labels"]) <= {0, 1}
+                assert 0 < sum(r["labels"]) < len(r["labels"])
+            for f in a.filters:
+                assert len(f["words"]) == len(f["labels"]) and any(f["labels"])
+                assert INFO[0] in f["words"]
+                assert f["target"] == join_words([w for w, l in zip(f["words"], f["labels"]) if l])
+                assert align(f["words"], f["target"]).fraction == 1.0  # every target word is in the input
+                assert not any(l for w, l in zip(f["words"], f["labels"]) if w == "Info")
+
+
+def test_musique_hop1_chunks_keep_the_answer_and_filters_carry_the_bridge(annotated):
+    checked = 0
+    for q, a in annotated["musique"]:
+        first = q.decomposition[0]
+        chunk_id = q.gold[first.passage].id
+        hop1 = [r for r in a.labeler if r["hop"] == 1 and r["chunk_id"] == chunk_id]
+        assert hop1 and all(r["query"] == q.question for r in hop1)
+        if _has_phrase(hop1[0]["chunk_words"], [1] * len(hop1[0]["chunk_words"]), first.answer):
+            assert _has_phrase(hop1[0]["chunk_words"], hop1[0]["labels"], first.answer), q.id
+            checked += 1
+        if q.type == "2hop":
+            f = [f for f in a.filters if f["hop"] == 1]
+            assert len(f) == 1 and _has_phrase(words(f[0]["target"]), [1] * 99, first.answer), q.id
+            # the hop-2 chunk is labeled under the filtered query and under the question
+            hop2 = {r["query"] for r in a.labeler if r["hop"] == 2}
+            assert hop2 == {f[0]["target"], q.question}
+    assert checked >= 0.9 * len(annotated["musique"])
+
+
+def test_musique_filter_drops_the_answered_part(annotated):
+    q, a = next((q, a) for q, a in annotated["musique"] if "Signmark" in q.question)
+    target = a.filters[0]["target"]
+    assert "Finland" in target and "currency" in target and "Euro" in target
+    assert "Signmark" not in target  # answered by hop 1: the bridge replaces it
+
+
+def test_hotpotqa_bridge_and_comparison(annotated):
+    for q, a in annotated["hotpotqa"]:
+        hop1 = [r for r in a.labeler if r["hop"] == 1]
+        assert all(r["query"] == q.question for r in hop1)
+        if q.type == "comparison":  # both gold chunks are retrieved by the question
+            assert {r["chunk_id"] for r in hop1} == set(q.gold_ids)
+            kept = {r["chunk_id"]: [w for w, l in zip(r["chunk_words"], r["labels"]) if l] for r in hop1}
+            for f in a.filters:  # partial info -> a query for the entity not yet covered
+                info = f["words"][f["words"].index("Info") + 2:]
+                (covered,) = [cid for cid, ws in kept.items() if ws == info]
+                (other,) = [p for p in q.gold if p.id != covered]
+                assert _has_phrase(words(f["target"]), [1] * 99, other.title.split(" (")[0]), q.id
+        else:
+            (f,) = [f for f in a.filters if f["hop"] == 1] or [None]
+            if f is None:
+                continue
+            titles = [p.title.split(" (")[0] for p in q.gold]
+            assert any(_has_phrase(words(f["target"]), [1] * 99, t) for t in titles), q.id
+            assert {r["query"] for r in a.labeler if r["hop"] == 2} == {f["target"], q.question}
+    filters = sum(len(a.filters) for _, a in annotated["hotpotqa"])
+    assert filters >= len(annotated["hotpotqa"])  # every bridge gives one, every comparison two
+
+
+def test_2wiki_triples_label_subject_and_object(train, annotated):
+    q, a = next((q, a) for q, a in annotated["2wikimqa"] if "Reo Fortune" in q.question)
+    hop1, hop2 = [r for r in a.labeler if r["hop"] == 1], [r for r in a.labeler if r["hop"] == 2]
+    assert len(hop1) == 1 and _has_phrase(hop1[0]["chunk_words"], hop1[0]["labels"], "Margaret Mead")
+    assert any(_has_phrase(r["chunk_words"], r["labels"], "New York") for r in hop2)
+    (f,) = a.filters
+    assert "Margaret Mead" in f["target"] and "death" in f["target"] and "Reo" not in f["target"]
+    q, a = next((q, a) for q, a in annotated["2wikimqa"] if q.type == "comparison")
+    assert {r["hop"] for r in a.labeler} == {1, 2} and len(a.filters) == 2
+    assert {r["chunk_id"] for r in a.labeler if r["hop"] == 1} == set(q.gold_ids)
+
+
+def test_unsupported_and_unannotated_questions_are_rejected(train):
+    from data_synthesis.annotation import AnnotationReject
+
+    bam = load_questions(sample_path("bamboogle", "dev"))[0]
+    with pytest.raises(AnnotationReject, match="unsupported_dataset"):
+        annotate_question(bam)
+    q = train["musique"][0]
+    q.decomposition[1].passage, saved = None, q.decomposition[1].passage
+    try:
+        with pytest.raises(AnnotationReject, match="no_supporting_paragraph"):
+            annotate_question(q)
+    finally:
+        q.decomposition[1].passage = saved
+
+
+# ------------------------------------------------------------------ negatives
+
+def test_negatives_are_retrieved_non_gold_chunks(train, annotated):
+    from effrag.retrieval import build_retriever
+
+    corpus = Corpus.from_questions([q for qs in train.values() for q in qs])
+    retriever = build_retriever("bm25", corpus)
+    items = [(q, a.filters) for ds in DATASETS for q, a in annotated[ds][:8]]
+    negs = mine_negatives(items, retriever, k=10)
+    assert len(negs) == len(items)
+    for (q, filters), neg in zip(items, negs):
+        queries = negative_queries(q, filters)
+        assert queries[0] == (1, q.question) and len(queries) == 1 + len(filters)
+        assert {(r["hop"], r["query"]) for r in neg} == set(queries)
+        gold_titles = {p.title for p in q.gold}
+        for r in neg:
+            assert r["tag"] == 0 and set(r["labels"]) == {0} and len(r["labels"]) == len(r["chunk_words"])
+            assert r["chunk_id"] not in q.gold_ids and corpus[r["chunk_id"]].title not in gold_titles
+        # the negative is the best-ranked non-gold hit of its query
+        top = retriever.search([neg[0]["query"]], 10)[0]
+        first = next(h for h in top if h.id not in q.gold_ids and h.title not in gold_titles)
+        assert neg[0]["chunk_id"] == first.id
+
+
+# ------------------------------------------------------------------ resumable output
+
+def test_writer_drops_partial_lines_and_unfinished_items(tmp_path):
+    with ResumableWriter(tmp_path) as w:
+        w.write_item("musique", "a", labeler=[{"qid": "a", "dataset": "musique", "x": 1}])
+        with pytest.raises(ValueError, match="tagged"):
+            w.write_item("musique", "b", labeler=[{"qid": "zz", "dataset": "musique"}])
+    with open(tmp_path / "labeler.jsonl", "a") as f:  # item b: records written, no done marker ...
+        f.write(json.dumps({"qid": "b", "dataset": "musique", "x": 2}) + "\n")
+        f.write('{"qid": "c", "dataset": "musi')  # ... and a torn line from a kill mid-write
+    with open(tmp_path / "done.jsonl", "a") as f:
+        f.write('{"qid": "b", "data')
+    w = ResumableWriter(tmp_path)
+    assert w.done_ids == {"musique\ta"}
+    assert w.recovered == {"partial_lines": 2, "orphan_records": 1}
+    w.write_item("musique", "b", labeler=[{"qid": "b", "dataset": "musique", "x": 3}])
+    w.close()
+    assert [r["x"] for r in read_jsonl(tmp_path / "labeler.jsonl")] == [1, 3]
+    assert [r["qid"] for r in read_jsonl(tmp_path / "done.jsonl")] == ["a", "b"]
+
+
+def _files(d: Path) -> dict[str, str]:
+    return {n: (d / f"{n}.jsonl").read_text() for n in ("labeler", "filter", "rejects", "done")}
+
+
+def test_resume_after_kill_9_matches_an_uninterrupted_run(tmp_path):
+    inputs = [str(sample_path(ds, "train")) for ds in DATASETS]
+    ref = tmp_path / "ref"
+    synthesize(inputs, ref, negatives=False, show_progress=False)
+    out = tmp_path / "killed"
+    env = {**os.environ, "EFFRAG_SYNTH_WRITE_DELAY": "0.15"}
+    proc = subprocess.Popen([sys.executable, "-m", "data_synthesis.cli", "--inputs", *inputs, "--output",
+                             str(out), "--no-negatives", "--quiet"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:  # kill while an item's records are written but its done marker is not
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            done = {r["qid"] for r in read_jsonl(out / "done.jsonl")} if (out / "done.jsonl").exists() else set()
+            lab = out / "labeler.jsonl"
+            text = lab.read_text() if lab.exists() else ""
+            if len(done) >= 3 and text.endswith("\n") and json.loads(text.splitlines()[-1])["qid"] not in done:
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    killed_done = len((out / "done.jsonl").read_text().splitlines())
+    assert 3 <= killed_done < 180
+    result = synthesize(inputs, out, negatives=False, show_progress=False)
+    assert result["skipped_done"] == killed_done and result["recovered"]["orphan_records"] >= 1
+    assert _files(out) == _files(ref)
+
+
+def test_bad_items_become_rejects_and_the_run_goes_on(tmp_path):
+    lines = sample_path("musique", "train").read_text().splitlines()[:4]
+    broken = json.loads(lines[1])
+    broken["question_decomposition"][1]["paragraph_support_idx"] = None
+    data = tmp_path / "musique.jsonl"
+    data.write_text("\n".join([lines[0], json.dumps(broken), "{not json", lines[2], lines[3]]) + "\n")
+    bam = tmp_path / "bamboogle.jsonl"
+    bam.write_text("\n".join(sample_path("bamboogle", "dev").read_text().splitlines()[:2]) + "\n")
+    out = tmp_path / "out"
+    result = synthesize([data, bam], out, negatives=False, show_progress=False)
+    assert result["ok"] == 3 and result["rejected"] == 3 and result["malformed"] == 1
+    rejects = list(read_jsonl(out / "rejects.jsonl"))
+    reasons = {(r["dataset"], r["stage"], r["reason"]) for r in rejects}
+    assert ("musique", "load", "malformed_record") in reasons
+    assert ("musique", "annotate", "no_supporting_paragraph") in reasons
+    assert ("bamboogle", "annotate", "unsupported_dataset") in reasons
+    assert any(r["qid"] == broken["id"] for r in rejects)
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["musique"]["ok"] == 3 and stats["bamboogle"]["rejected"] == 2
+    assert stats["all"]["labeler"] == len(list(read_jsonl(out / "labeler.jsonl")))
+    assert stats["all"]["filter"] == len(list(read_jsonl(out / "filter.jsonl")))
+    # a rerun does nothing new; other settings are refused
+    again = synthesize([data, bam], out, negatives=False, show_progress=False)
+    assert again["skipped_done"] == 6 and again.get("ok", 0) == 0
+    with pytest.raises(ValueError, match="other settings"):
+        synthesize([data], out, negatives=True, show_progress=False)
+
+
+def test_stats_with_bm25_negatives_and_cli_errors(tmp_path, capsys):
+    from data_synthesis.cli import main
+
+    inputs = [str(sample_path(ds, "train")) for ds in DATASETS]
+    out = tmp_path / "neg"
+    assert main(["--inputs", *inputs, "--output", str(out), "--limit", "5", "--quiet"]) == 0
+    stats = compute_stats(out)
+    for ds in DATASETS:
+        assert stats[ds]["questions"] == 5 and stats[ds]["labeler_neg"] >= 5  # >= 1 per question
+        assert 0 < stats[ds]["labeler_label_frac"] < 0.5 and 0 < stats[ds]["tag_continue_frac"] < 1
+    labeler = list(read_jsonl(out / "labeler.jsonl"))
+    assert stats["all"]["labeler_pos"] == sum(r["tag"] for r in labeler)
+    assert "musique" in format_table(stats)
+    capsys.readouterr()
+    assert main(["--inputs", str(tmp_path / "missing.jsonl"), "--output", str(out)]) == 2
+    assert "missing.jsonl" in capsys.readouterr().err
+    assert main(["--inputs", *inputs, "--output", str(tmp_path / "x"), "--source", "llm"]) == 2
+    assert "--llm" in capsys.readouterr().err

@@ -1,0 +1,65 @@
+"""Retrieval and answer metrics.
+
+``recall`` is the EfficientRAG paper's retrieval Recall: the fraction of a
+question's gold passages found among the retrieved ones. The answer metrics use
+the HotpotQA/SQuAD answer normalisation (lower-case, drop punctuation and the
+articles a/an/the, collapse whitespace) and take the best score over all gold
+answer aliases.
+"""
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from typing import Iterable
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+_SPECIAL = {"yes", "no", "noanswer"}
+
+
+def recall(retrieved_ids: Iterable[str], gold_ids: Iterable[str]) -> float:
+    """Fraction of distinct gold ids that appear in ``retrieved_ids`` (1.0 for no gold: nothing to miss)."""
+    gold = set(gold_ids)
+    if not gold:
+        return 1.0
+    return len(gold & set(retrieved_ids)) / len(gold)
+
+
+def normalize_answer(s: str) -> str:
+    s = "".join(ch for ch in str(s).lower() if ch not in _PUNCT)
+    return " ".join(_ARTICLES.sub(" ", s).split())
+
+
+def _aliases(answers: str | Iterable[str]) -> list[str]:
+    return [answers] if isinstance(answers, str) else list(answers)
+
+
+def exact_match(prediction: str, answers: str | Iterable[str]) -> float:
+    """1.0 if the normalised prediction equals some normalised gold answer."""
+    pred = normalize_answer(prediction)
+    return float(any(pred == normalize_answer(a) for a in _aliases(answers)))
+
+
+def _f1_one(prediction: str, gold: str) -> float:
+    pred, ref = normalize_answer(prediction), normalize_answer(gold)
+    # HotpotQA's rule: a yes/no/noanswer answer must match exactly, no partial credit.
+    if (pred in _SPECIAL or ref in _SPECIAL) and pred != ref:
+        return 0.0
+    common = Counter(pred.split()) & Counter(ref.split())
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision, rec = same / len(pred.split()), same / len(ref.split())
+    return 2 * precision * rec / (precision + rec)
+
+
+def f1(prediction: str, answers: str | Iterable[str]) -> float:
+    """Token-level F1 against the best-matching alias."""
+    return max((_f1_one(prediction, a) for a in _aliases(answers)), default=0.0)
+
+
+def cover_em(prediction: str, answers: str | Iterable[str]) -> float:
+    """1.0 if some normalised gold answer occurs in the normalised prediction (as whole words)."""
+    pred = f" {normalize_answer(prediction)} "
+    return float(any(normalize_answer(a) and f" {normalize_answer(a)} " in pred for a in _aliases(answers)))

@@ -1,0 +1,153 @@
+"""Run a pipeline over questions and write predictions, metrics and the run config.
+
+Output folder:
+- ``predictions.jsonl``: one row per question, appended and flushed as it finishes,
+  so a killed run (hours of LLM calls) resumes where it stopped;
+- ``metrics.json`` / ``metrics.md``: aggregates, one entry per k for methods whose
+  rankings nest (``pipeline.slice_k``), else one entry;
+- ``config.json``: the run config, package versions and seed.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from .metrics import cover_em, exact_match, f1, recall
+from .report import write_metrics_md
+
+log = logging.getLogger(__name__)
+
+# Config keys that may change between a run and its resumption.
+RESUMABLE_KEYS = {"limit", "output", "batch_size", "overwrite", "show_progress", "versions", "started"}
+
+
+def set_seed(seed: int) -> None:
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    if "torch" in sys.modules:  # seed torch only for methods that use it (importing it costs seconds)
+        sys.modules["torch"].manual_seed(seed)
+
+
+def _read_predictions(path: Path) -> dict[str, dict]:
+    """Rows already written, by qid; a torn last line (killed mid-write) is cut off."""
+    if not path.is_file():
+        return {}
+    raw = path.read_bytes()
+    if raw and not raw.endswith(b"\n"):
+        raw = raw[: raw.rfind(b"\n") + 1]
+        path.write_bytes(raw)
+    rows = {}
+    for n, line in enumerate(raw.decode("utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: invalid JSON ({e.msg}); delete the file or use another output") from None
+            rows[row["qid"]] = row
+    return rows
+
+
+def _check_resume(out: Path, config: dict) -> None:
+    cfg_path = out / "config.json"
+    if not cfg_path.is_file():
+        return
+    old = json.loads(cfg_path.read_text()).get("run", {})
+    keys = (set(old) | set(config)) - RESUMABLE_KEYS
+    diff = sorted(k for k in keys if old.get(k) != config.get(k))
+    if diff:
+        raise ValueError(f"{out} holds predictions of a different run (differs in: {', '.join(diff)}); "
+                         "use another output folder or --overwrite")
+
+
+def _aggregate(rows: list[dict], k: int | None, method: str, dataset: str, cut_at_k: bool) -> dict[str, Any]:
+    def mean(xs):
+        xs = list(xs)
+        return sum(xs) / len(xs) if xs else None
+
+    cut = (lambda r: r["retrieved"][:k]) if cut_at_k else (lambda r: r["retrieved"])
+    with_gold = [r for r in rows if r["gold"]]
+    entry: dict[str, Any] = {
+        "method": method, "dataset": dataset, "n": len(rows), "k": k,
+        "recall": mean(recall(cut(r), r["gold"]) for r in with_gold), "n_with_gold": len(with_gold),
+        "avg_chunks": mean(len(cut(r)) for r in rows),
+        "latency_s": mean(r["latency_s"] for r in rows),
+    }
+    if any("answer" in r for r in rows):
+        entry["em"] = mean(exact_match(r.get("answer", ""), r["answers"]) for r in rows)
+        entry["f1"] = mean(f1(r.get("answer", ""), r["answers"]) for r in rows)
+        entry["cover_em"] = mean(cover_em(r.get("answer", ""), r["answers"]) for r in rows)
+    for key in ("llm_calls", "prompt_tokens", "completion_tokens", "iterations"):
+        entry[key] = mean(r.get(key, 0) for r in rows)
+    return entry
+
+
+def evaluate(pipeline, questions: Sequence, gold_ids: Sequence[list[str]], output_dir: str | Path,
+             config: dict[str, Any], *, ks: Sequence[int] | None = None, batch_size: int = 1,
+             seed: int = 0, show_progress: bool = True) -> list[dict[str, Any]]:
+    """Run ``pipeline`` on ``questions`` (records with ``id``, ``question``, ``answers``, ``dataset``).
+
+    ``gold_ids[i]`` are the corpus ids of question i's gold passages. ``latency_s`` is
+    the wall time of the pipeline call divided by the batch size (``batch_size=1``
+    gives true per-question latency). Returns the metric entries written to ``metrics.json``.
+    """
+    from tqdm.auto import tqdm
+
+    from effrag.retrieval.index import package_versions
+
+    if len(gold_ids) != len(questions):
+        raise ValueError(f"{len(questions)} questions but {len(gold_ids)} gold id lists")
+    if not questions:
+        raise ValueError("no questions to evaluate")
+    if ks and len(ks) > 1 and not getattr(pipeline, "slice_k", False):
+        raise ValueError(f"method {pipeline.name!r} cannot be scored at several k from one run; give one k")
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_resume(out, config)
+    set_seed(seed)
+    (out / "config.json").write_text(json.dumps(
+        {"run": config, "seed": seed, "ks": list(ks) if ks else None, "versions": package_versions(),
+         "started": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=2, default=str))
+
+    pred_path = out / "predictions.jsonl"
+    done = _read_predictions(pred_path)
+    todo = [(q, g) for q, g in zip(questions, gold_ids) if q.id not in done]
+    if done:
+        log.info("resuming: %d of %d questions already in %s", len(questions) - len(todo), len(questions), pred_path)
+    with pred_path.open("a", encoding="utf-8") as f, \
+            tqdm(total=len(questions), initial=len(questions) - len(todo), desc=f"eval {pipeline.name}",
+                 unit="q", disable=not show_progress) as bar:
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start:start + batch_size]
+            t0 = time.perf_counter()
+            results = pipeline.run_batch([q.question for q, _ in batch])
+            per_q = (time.perf_counter() - t0) / len(batch)
+            for (q, gold), res in zip(batch, results):
+                row = {"qid": q.id, "dataset": q.dataset, "question": q.question, "gold": list(gold),
+                       "answers": list(q.answers), "latency_s": per_q, **res}
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                done[q.id] = row
+            f.flush()
+            bar.update(len(batch))
+
+    rows = [done[q.id] for q in questions]
+    dataset = config.get("dataset") or questions[0].dataset
+    sliced = bool(ks) and getattr(pipeline, "slice_k", False)
+    # Iterative methods use k per hop: their whole retrieved list counts, whatever its length.
+    k_list = sorted(set(ks)) if sliced else [max(ks) if ks else None]
+    entries = [_aggregate(rows, k, pipeline.name, dataset, cut_at_k=sliced) for k in k_list]
+    if config.get("retriever"):
+        for e in entries:
+            e["retriever"] = config["retriever"]
+    if sliced and len(k_list) > 1:
+        for e in entries:  # one retrieval at the largest k served every row: say so
+            e["latency_measured_at_k"] = max(k_list)
+    (out / "metrics.json").write_text(json.dumps(entries, indent=2))
+    write_metrics_md(entries, out / "metrics.md")
+    return entries

@@ -1,0 +1,20 @@
+"""Retrievers: dense (FAISS over encoder embeddings), BM25 (bm25s) and their RRF hybrid.
+
+Everything here speaks the :class:`~effrag.retrieval.base.Retriever` protocol,
+``search(queries, k) -> list[list[Hit]]``. Use :func:`build_retriever` for a new
+index, ``retriever.save(dir)`` / :func:`load_retriever` to keep one, and
+:func:`cached_retriever` to get one from a fingerprint-keyed cache.
+"""
+from .base import Hit, Retriever
+from .bm25 import BM25Retriever
+from .dense import DenseRetriever, encode_corpus
+from .encoder import Encoder, default_encoder_path
+from .hybrid import HybridRetriever, rrf_fuse
+from .index import (KINDS, IndexMismatchError, build_retriever, cached_retriever, load_retriever,
+                    package_versions)
+
+__all__ = [
+    "Hit", "Retriever", "Encoder", "default_encoder_path", "DenseRetriever", "BM25Retriever",
+    "HybridRetriever", "rrf_fuse", "encode_corpus", "build_retriever", "load_retriever",
+    "cached_retriever", "IndexMismatchError", "KINDS", "package_versions",
+]

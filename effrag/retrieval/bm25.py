@@ -1,0 +1,110 @@
+"""Sparse retrieval: BM25 over title + text with bm25s.
+
+Tokenisation is bm25s's (lower-case, ``\\w\\w+`` words, English stopwords) plus
+the Snowball English stemmer when PyStemmer is installed (``stemmer="auto"``).
+The stemmer choice is saved with the index, because queries must be tokenised
+exactly as the corpus was.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from .base import Hit
+from .index import read_meta, write_meta
+
+
+# bm25s sets its own logger to DEBUG, which floods any program that configures logging.
+logging.getLogger("bm25s").setLevel(logging.WARNING)
+
+
+def _make_stemmer(name: str | None):
+    if not name:
+        return None
+    import Stemmer  # PyStemmer
+
+    return Stemmer.Stemmer(name)
+
+
+def resolve_stemmer(stemmer: str | None) -> str | None:
+    """``"auto"`` -> ``"english"`` if PyStemmer is importable, else None (no stemming)."""
+    if stemmer != "auto":
+        return stemmer or None
+    try:
+        import Stemmer  # noqa: F401
+    except ImportError:
+        return None
+    return "english"
+
+
+class BM25Retriever:
+    """BM25 (Lucene variant) over ``"title text"`` of every passage.
+
+    Passages sharing no term with the query score 0 and are not returned, so a
+    query may get fewer than ``k`` hits.
+    """
+
+    kind = "bm25"
+
+    def __init__(self, corpus, k1: float = 1.2, b: float = 0.75, stopwords: str | None = "en",
+                 stemmer: str | None = "auto", show_progress: bool = True, _model=None):
+        import bm25s
+
+        self.corpus = corpus
+        self._passages = corpus.passages
+        self.opts = {"k1": k1, "b": b, "stopwords": stopwords, "stemmer": resolve_stemmer(stemmer)}
+        self._stemmer = _make_stemmer(self.opts["stemmer"])
+        if _model is None:
+            tokens = bm25s.tokenize([f"{p.title} {p.text}" for p in self._passages],
+                                    stopwords=stopwords or [], stemmer=self._stemmer,
+                                    show_progress=show_progress)
+            _model = bm25s.BM25(k1=k1, b=b)
+            _model.index(tokens, show_progress=show_progress)
+        self._model = _model
+
+    def _tokenize(self, queries: list[str]) -> list[list[str]]:
+        import bm25s
+
+        return bm25s.tokenize(list(queries), stopwords=self.opts["stopwords"] or [], stemmer=self._stemmer,
+                              return_ids=False, show_progress=False)
+
+    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        if k <= 0:
+            raise ValueError(f"k must be positive, got {k}")
+        if not queries:
+            return []
+        rows, scores = self._model.retrieve(self._tokenize(queries), k=min(k, len(self._passages)),
+                                            show_progress=False, n_threads=1)
+        out = []
+        for irow, srow in zip(rows, scores):
+            hits = []
+            for i, s in zip(irow, srow):
+                if s <= 0:
+                    break  # sorted: the rest share no term with the query
+                p = self._passages[int(i)]
+                hits.append(Hit(id=p.id, title=p.title, text=p.text, score=float(s)))
+            out.append(hits)
+        return out
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, directory: str | Path, write_corpus: bool = True) -> Path:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        self._model.save(str(d / "bm25"), show_progress=False)
+        write_meta(d, self.kind, self.corpus, self.opts, write_corpus=write_corpus)
+        return d
+
+    @classmethod
+    def load(cls, directory: str | Path, corpus, **_runtime) -> "BM25Retriever":
+        import bm25s
+
+        d = Path(directory)
+        opts = read_meta(d)["options"]
+        if opts["stemmer"]:
+            try:
+                _make_stemmer(opts["stemmer"])
+            except ImportError:
+                raise ImportError(f"{d}: index was built with the {opts['stemmer']!r} stemmer; "
+                                  "install PyStemmer to query it") from None
+        model = bm25s.BM25.load(str(d / "bm25"), show_progress=False)
+        return cls(corpus, opts["k1"], opts["b"], opts["stopwords"], opts["stemmer"], _model=model)

@@ -1,0 +1,188 @@
+"""Building, saving, loading and caching retrievers.
+
+A saved index is a folder with the index files, ``corpus.jsonl`` and
+``index_meta.json`` (kind, corpus and encoder fingerprints, options, package
+versions). ``index_meta.json`` is written last, so a folder without it is an
+unfinished build. Loading with a corpus or encoder other than the ones the index
+was built from raises :class:`IndexMismatchError` instead of silently returning
+wrong passages.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import platform
+import shutil
+import time
+from importlib import metadata
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+KINDS = ("dense", "bm25", "hybrid")
+META = "index_meta.json"
+_DENSE_OPTS = {"index_type", "nlist", "nprobe", "hnsw_m", "ef_construction", "ef_search", "gpu",
+               "shard_gpu", "batch_size", "cache_dir", "show_progress"}
+_BM25_OPTS = {"k1", "b", "stopwords", "stemmer", "show_progress"}
+_HYBRID_OPTS = {"k_rrf", "depth"}
+
+
+class IndexMismatchError(ValueError):
+    """A saved index does not belong to the given corpus or encoder."""
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of the packages that change retrieval results (for metadata and run configs)."""
+    out = {"python": platform.python_version()}
+    for name in ("effrag", "numpy", "torch", "transformers", "faiss-cpu", "faiss-gpu-cu12", "bm25s", "PyStemmer"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def write_meta(directory: Path, kind: str, corpus, options: dict, encoder=None, write_corpus: bool = True) -> None:
+    if write_corpus:
+        corpus.save(directory / "corpus.jsonl")
+    meta = {"kind": kind, "corpus": {"fingerprint": corpus.fingerprint(), "size": len(corpus)},
+            "options": options, "versions": package_versions(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if encoder is not None:
+        meta["encoder"] = {"fingerprint": encoder.fingerprint(), "settings": encoder.settings(), "bf16": encoder.bf16}
+    (directory / META).write_text(json.dumps(meta, indent=2))
+
+
+def read_meta(directory: str | Path) -> dict:
+    path = Path(directory) / META
+    if not Path(directory).is_dir():
+        raise FileNotFoundError(f"index folder not found: {directory}")
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} is not an effrag index (no {META}; unfinished build?)")
+    return json.loads(path.read_text())
+
+
+def _split_opts(kind: str, opts: dict) -> tuple[dict, dict, dict]:
+    allowed = {"dense": _DENSE_OPTS, "bm25": _BM25_OPTS, "hybrid": _DENSE_OPTS | _BM25_OPTS | _HYBRID_OPTS}[kind]
+    unknown = set(opts) - allowed
+    if unknown:
+        raise ValueError(f"unknown option(s) for a {kind} retriever: {', '.join(sorted(unknown))}")
+    pick = lambda keys: {k: v for k, v in opts.items() if k in keys}  # noqa: E731
+    return pick(_DENSE_OPTS), pick(_BM25_OPTS), pick(_HYBRID_OPTS)
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown retriever {kind!r}; expected one of {', '.join(KINDS)}")
+
+
+def build_retriever(kind: str, corpus, encoder=None, encoder_path: str | None = None, bf16: bool = False, **opts):
+    """A new ``dense``, ``bm25`` or ``hybrid`` (dense + bm25, RRF) retriever over ``corpus``.
+
+    ``encoder`` is an :class:`Encoder`; otherwise one is made from ``encoder_path``
+    (default all-MiniLM-L6-v2) with ``bf16``. Other options go to the retriever
+    classes (e.g. ``index_type``, ``k1``, ``k_rrf``); unknown ones are an error.
+    """
+    from .bm25 import BM25Retriever
+    from .dense import DenseRetriever
+    from .encoder import Encoder
+    from .hybrid import HybridRetriever
+
+    _check_kind(kind)
+    dense_o, bm25_o, hybrid_o = _split_opts(kind, opts)
+    if kind == "bm25":
+        return BM25Retriever(corpus, **bm25_o)
+    encoder = encoder or Encoder(encoder_path, bf16=bf16)
+    dense = DenseRetriever(corpus, encoder, **dense_o)
+    if kind == "dense":
+        return dense
+    return HybridRetriever([dense, BM25Retriever(corpus, **bm25_o)], **hybrid_o)
+
+
+def _encoder_for(meta: dict, directory: Path, encoder_path: str | None, bf16: bool):
+    """The encoder a saved dense index asks for, at ``encoder_path`` or where it was built."""
+    from .encoder import Encoder, default_encoder_path
+
+    settings = dict(meta["encoder"]["settings"])
+    path = encoder_path or settings.pop("path")
+    settings.pop("path", None)
+    if encoder_path is None and not Path(path).is_dir():
+        log.warning("%s: encoder folder %s is gone; trying the default encoder", directory, path)
+        path = default_encoder_path()
+    return Encoder(path, bf16=bf16, **settings)
+
+
+def load_retriever(directory: str | Path, corpus=None, encoder_path: str | None = None, encoder=None,
+                   bf16: bool = False, **runtime):
+    """Load a saved retriever; ``corpus``/``encoder`` given must be the ones it was built with.
+
+    ``runtime`` options change search only (``nprobe``, ``ef_search``, ``gpu``, ``batch_size``).
+    """
+    from effrag.data import Corpus
+
+    from .bm25 import BM25Retriever
+    from .dense import DenseRetriever
+    from .hybrid import HybridRetriever
+
+    d = Path(directory)
+    meta = read_meta(d)
+    saved_fp = meta["corpus"]["fingerprint"]
+    if corpus is None:
+        corpus = Corpus.from_jsonl(d / "corpus.jsonl")
+    if corpus.fingerprint() != saved_fp:
+        raise IndexMismatchError(
+            f"{d}: index was built from a different corpus (fingerprint {saved_fp}, {meta['corpus']['size']} "
+            f"passages) than the one given (fingerprint {corpus.fingerprint()}, {len(corpus)} passages); "
+            "rebuild the index for this corpus")
+    if "encoder" in meta and encoder is None:
+        encoder = _encoder_for(meta, d, encoder_path, bf16)
+    kind = meta["kind"]
+    if kind == "bm25":
+        return BM25Retriever.load(d, corpus)
+    if kind == "dense":
+        return DenseRetriever.load(d, corpus, encoder, **runtime)
+    if kind == "hybrid":
+        parts = []
+        for i, part_kind in enumerate(meta["options"]["parts"]):
+            part = d / f"part{i}"
+            parts.append(DenseRetriever.load(part, corpus, encoder, **runtime) if part_kind == "dense"
+                         else BM25Retriever.load(part, corpus))
+        return HybridRetriever(parts, k_rrf=meta["options"]["k_rrf"], depth=meta["options"]["depth"])
+    raise ValueError(f"{d}: unknown retriever kind {kind!r} in {META}")
+
+
+def cache_key(kind: str, corpus, encoder=None, **opts) -> str:
+    """Folder name of a cached index: kind + corpus fingerprint + encoder fingerprint + option hash."""
+    relevant = {k: v for k, v in sorted(opts.items()) if k not in ("show_progress", "cache_dir", "gpu",
+                                                                    "shard_gpu", "batch_size")}
+    if encoder is not None and kind != "bm25":
+        relevant["bf16"] = encoder.bf16  # bf16 embeddings differ slightly: keep them apart
+    opt_hash = hashlib.sha1(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    enc = encoder.fingerprint() if encoder is not None and kind != "bm25" else "none"
+    return f"{kind}-{corpus.fingerprint()}-{enc}-{opt_hash}"
+
+
+def cached_retriever(kind: str, corpus, cache_root: str | Path, encoder_path: str | None = None,
+                     bf16: bool = False, **opts):
+    """Load the index for (kind, corpus, encoder, options) from ``cache_root``, building it on a miss.
+
+    Dense embeddings are written in shards under the cache folder while building,
+    so a killed build resumes; the shards are removed once the index is saved.
+    """
+    from .encoder import Encoder
+
+    _check_kind(kind)
+    encoder = Encoder(encoder_path, bf16=bf16) if kind != "bm25" else None
+    d = Path(cache_root) / cache_key(kind, corpus, encoder, **opts)
+    if (d / META).is_file():
+        log.info("using cached index %s", d)
+        runtime = {k: v for k, v in opts.items() if k in ("nprobe", "ef_search", "gpu", "shard_gpu", "batch_size")}
+        return load_retriever(d, corpus=corpus, encoder=encoder, **runtime)
+    shards = d / "emb_shards"
+    if kind != "bm25":
+        opts = {**opts, "cache_dir": shards}
+    retriever = build_retriever(kind, corpus, encoder=encoder, **opts)
+    retriever.save(d)
+    shutil.rmtree(shards, ignore_errors=True)
+    return retriever

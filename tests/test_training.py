@@ -1,0 +1,263 @@
+"""The one training loop: configs, data validation, train/eval/save, resume, 2 real processes, DeepSpeed.
+
+Tiny encoders come from test_models.py (built in code, no download). Multi-process runs use
+the real launcher: ``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_models import copy_records, filter_records, make_base  # noqa: E402
+
+from effrag.models import FilterModel, LabelerModel, load_model  # noqa: E402
+from effrag.training import ConfigError, evaluate_only, load_config, train  # noqa: E402
+from effrag.training.data import RecordError, check_labeler_record, read_jsonl  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+ACCELERATE = str(Path(sys.executable).parent / "accelerate")
+
+
+def reset_accelerate() -> None:
+    """Accelerator state is a process singleton: every in-process run needs a clean one."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    reset_accelerate()
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("train")
+    base = make_base("electra", root / "base")
+    files = {}
+    for name, recs in (("labeler", copy_records(40)), ("filter", filter_records(40))):
+        for split, rows in (("train", recs), ("dev", copy_records(7, seed=1) if name == "labeler" else filter_records(7, 1))):
+            f = root / f"{name}_{split}.jsonl"
+            f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            files[f"{name}_{split}"] = str(f)
+    return {"root": root, "base": base, **files}
+
+
+def tiny_overrides(tiny: dict, task: str, out: Path, **extra) -> dict:
+    cfg = {
+        "task": task,
+        "model": {"name_or_path": tiny["base"], "max_length": 32, "head_dropout": 0.0},
+        "data": {"train_file": tiny[f"{task}_train"], "eval_files": [tiny[f"{task}_dev"]]},
+        "train": {"output_dir": str(out), "batch_size": 4, "eval_batch_size": 3, "lr": 2e-3, "log_every": 1,
+                  "mixed_precision": "no", "warmup_ratio": 0.2, "torch_threads": 1},
+    }
+    for key, value in extra.items():
+        section, name = key.split("__")
+        cfg[section][name] = value
+    return cfg
+
+
+# -- config and data ------------------------------------------------------------------------------
+def test_config_base_overrides_coercion_and_errors(tmp_path):
+    (tmp_path / "base.yaml").write_text("task: labeler\ntrain:\n  lr: 5e-6\n  epochs: 2\nmodel:\n  max_length: 384\n")
+    (tmp_path / "child.yaml").write_text("base: base.yaml\ntrain:\n  batch_size: 8\n")
+    cfg = load_config(tmp_path / "child.yaml", ["--train.epochs", "3", "--data.eval_files=a.jsonl,b.jsonl",
+                                                  "--data.max_train_examples", "null"])
+    assert cfg.train.lr == 5e-6 and isinstance(cfg.train.lr, float)  # YAML 1.1 reads 5e-6 as a string
+    assert (cfg.train.epochs, cfg.train.batch_size, cfg.model.max_length) == (3.0, 8, 384)
+    assert cfg.data.eval_files == ["a.jsonl", "b.jsonl"] and cfg.data.max_train_examples is None
+    with pytest.raises(ConfigError, match=r"train.*unknown key\(s\) \['lrr'\]"):
+        load_config(tmp_path / "child.yaml", ["--train.lrr", "1"])
+    with pytest.raises(ConfigError, match="cannot read 'fast' as float"):
+        load_config(tmp_path / "child.yaml", ["--train.lr", "fast"])
+    assert load_config(None, ["--train.mixed_precision", "no"]).train.mixed_precision == "no"
+    assert load_config(None, {"train": {"mixed_precision": False}}).train.mixed_precision == "no"  # YAML `no`
+    with pytest.raises(ConfigError, match="has no value"):
+        load_config(None, ["--train.lr"])
+
+
+def test_shipped_configs_load_with_paper_settings():
+    paper = {n: load_config(REPO / "configs" / f"{n}_paper.yaml") for n in ("labeler", "filter")}
+    assert paper["labeler"].train.lr == 5e-6 and paper["filter"].train.lr == 1e-5
+    assert (paper["labeler"].model.max_length, paper["filter"].model.max_length) == (384, 256)
+    for cfg in paper.values():
+        assert cfg.model.name_or_path == "microsoft/deberta-v3-large" and cfg.train.epochs == 2
+        assert cfg.train.batch_size * 4 == 32  # per GPU x 4 GPUs as in the paper
+    cpu = {n: load_config(REPO / "configs" / f"{n}.yaml") for n in ("labeler", "filter")}
+    assert cpu["filter"].task == "filter" and cpu["filter"].data.train_file.endswith("train_all/filter.jsonl")
+    assert cpu["labeler"].model.name_or_path == "minilm"
+
+
+def test_bad_records_name_file_line_and_field(tmp_path):
+    good = copy_records(1)[0]
+    f = tmp_path / "bad.jsonl"
+    f.write_text(json.dumps(good) + "\n" + json.dumps({**good, "labels": good["labels"][:-1]}) + "\n")
+    with pytest.raises(RecordError, match=r"bad.jsonl:2: field 'labels' has 11 entries for 12 chunk_words"):
+        read_jsonl(f, check_labeler_record)
+    f.write_text(json.dumps({**good, "tag": 2}) + "\n")
+    with pytest.raises(RecordError, match=r"bad.jsonl:1: field 'tag'"):
+        read_jsonl(f, check_labeler_record)
+    f.write_text("{not json\n")
+    with pytest.raises(RecordError, match=r"bad.jsonl:1: invalid JSON"):
+        read_jsonl(f, check_labeler_record)
+
+
+def test_length_grouped_sampler_is_a_seeded_permutation_of_similar_length_batches():
+    from effrag.training.data import LengthGroupedSampler
+
+    lengths = [(i * 37) % 100 for i in range(103)]
+    s = LengthGroupedSampler(lengths, batch_size=8, seed=3, mega=4)
+    s.set_epoch(1)
+    order = list(s)
+    assert sorted(order) == list(range(103)) and order == list(s)  # permutation, replayable per epoch
+    s.set_epoch(2)
+    assert list(s) != order
+    spread = [max(lengths[j] for j in b) - min(lengths[j] for j in b) for b in (order[i:i + 8] for i in range(0, 96, 8))]
+    assert sum(spread) / len(spread) < 25  # random batches of 8 over 0..99 would spread ~75
+
+
+# -- in-process training ----------------------------------------------------------------------------
+def test_train_labeler_evaluates_saves_best_and_last(tiny, tmp_path):
+    out = tmp_path / "run"
+    cfg = load_config(None, tiny_overrides(tiny, "labeler", out, train__max_steps=40, train__eval_every=20,
+                                           train__lr=3e-3))
+    res = train(cfg)
+    assert res["global_step"] == 40 and res["ranks_in_sync"] is True and res["lr"] == 0.0
+    ev = res["eval"]
+    assert ev["n"] == 7 and ev["hotpotqa/n"] + ev["musique/n"] == 7  # per-dataset breakdown
+    assert ev["tag_accuracy"] >= 5 / 7 and ev["token_f1"] > 0.7, ev  # all-<Continue> would score 4/7
+    log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    losses = [x["train/loss"] for x in log if "train/loss" in x]
+    assert sum(losses[-4:]) < sum(losses[:4])
+    assert [x["step"] for x in log if "eval/token_f1" in x] == [20, 40]
+    for sub in ("best", "last"):
+        meta = json.loads((out / sub / "effrag_config.json").read_text())
+        assert meta["training"]["config"]["train"]["max_steps"] == 40
+        assert "data_sha256" in meta["training"]["run_info"]
+    assert json.loads((out / "best" / "metrics.json").read_text())["step"] == res["best_step"]
+    model = load_model(out / "last")
+    assert isinstance(model, LabelerModel)
+    r = copy_records(7, seed=1)
+    preds = model.predict([x["query"] for x in r], [x["chunk_words"] for x in r])
+    assert sum((p > 0.5) == bool(x["tag"]) for (p, _), x in zip(preds, r)) == round(ev["tag_accuracy"] * 7)
+    reset_accelerate()
+    again = evaluate_only(cfg, str(out / "last"))
+    assert again["token_f1"] == pytest.approx(ev["token_f1"]) and again["n"] == 7
+    assert json.loads((out / "eval_metrics.json").read_text())["model"] == str(out / "last")
+
+
+def _weights(d: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return {**load_file(str(d / "model.safetensors")), **load_file(str(d / "heads.safetensors"))}
+
+
+def test_resume_from_mid_epoch_checkpoint_continues_same_schedule(tiny, tmp_path):
+    # 40 examples / batch 4 = 10 batches per epoch; checkpoint at step 14 is mid epoch 2
+    a, b = tmp_path / "a", tmp_path / "b"
+    kw = dict(train__max_steps=20, train__save_every=7, train__save_total_limit=3, train__eval_every=0,
+              train__scheduler="cosine", train__group_by_length=True)
+    res_a = train(load_config(None, tiny_overrides(tiny, "filter", a, **kw)))
+    state = json.loads((a / "checkpoints" / "step_0000014" / "trainer_state.json").read_text())
+    assert (state["global_step"], state["epoch"], state["batch_in_epoch"]) == (14, 1, 4)
+    (b / "checkpoints").mkdir(parents=True)
+    shutil.copytree(a / "checkpoints" / "step_0000014", b / "checkpoints" / "step_0000014")
+    reset_accelerate()
+    res_b = train(load_config(None, tiny_overrides(tiny, "filter", b, train__resume_from_checkpoint="latest", **kw)))
+    assert res_b["global_step"] == 20 and res_b["lr"] == pytest.approx(res_a["lr"], abs=1e-12)
+    assert res_b["examples_seen_per_process"] == 6 * 4  # only the 6 remaining batches
+    log_b = [json.loads(x) for x in (b / "log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in log_b if "train/lr" in x] == list(range(15, 21))
+    lr_a = {x["step"]: x["train/lr"] for x in map(json.loads, (a / "log.jsonl").read_text().splitlines()) if "train/lr" in x}
+    assert all(x["train/lr"] == pytest.approx(lr_a[x["step"]]) for x in log_b if "train/lr" in x)
+    wa, wb = _weights(a / "last"), _weights(b / "last")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.allclose(wa[k], wb[k], atol=1e-5), k
+    assert res_b["eval"]["token_f1"] == pytest.approx(res_a["eval"]["token_f1"], abs=1e-6)
+
+
+def test_cli_reports_config_errors(tmp_path, capsys):
+    sys.path.insert(0, str(REPO))
+    import train as train_cli
+
+    assert train_cli.main(["--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "config file not found" in capsys.readouterr().err
+    assert train_cli.main(["--train.report_to", "tensorboard", "--data.train_file", "x.jsonl"]) == 2
+    assert "report_to must be 'none' or 'wandb'" in capsys.readouterr().err
+
+
+def test_wandb_requested_without_package_is_a_clear_error(tiny, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` raise ImportError
+    cfg = load_config(None, tiny_overrides(tiny, "filter", tmp_path, train__report_to="wandb"))
+    with pytest.raises(ConfigError, match=r"pip install 'effrag\[wandb\]'"):
+        train(cfg)
+
+
+def test_wandb_offline_tracking(tiny, tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "wb"
+    train(load_config(None, tiny_overrides(tiny, "filter", out, train__report_to="wandb", train__max_steps=2,
+                                           train__run_name="tiny")))
+    runs = list((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+# -- real multi-process runs -----------------------------------------------------------------------
+def _launch(tiny, out: Path, launcher: list[str], use_cpu: bool, **extra) -> dict:
+    cfg = tiny_overrides(tiny, "filter", out, train__max_steps=6, train__grad_accum=2, train__eval_every=3, **extra)
+    cfg_file = out.parent / f"{out.name}.yaml"
+    cfg_file.parent.mkdir(parents=True, exist_ok=True)
+    import yaml
+
+    cfg_file.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    # `--cpu --num_processes 2` silently runs one process; this is what gives 2 gloo processes on CPU.
+    # With DeepSpeed it must be unset (it would silently turn DeepSpeed off).
+    env.pop("ACCELERATE_USE_CPU", None)
+    if use_cpu:
+        env["ACCELERATE_USE_CPU"] = "true"
+    proc = subprocess.run([ACCELERATE, "launch", *launcher, "--num_processes", "2", "--num_machines", "1",
+                           "--mixed_precision", "no", "--dynamo_backend", "no", str(REPO / "train.py"),
+                           "--config", str(cfg_file)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "results.json").read_text())
+
+
+def test_two_cpu_processes_stay_in_sync(tiny, tmp_path):
+    res = _launch(tiny, tmp_path / "ddp", ["--multi_gpu"], use_cpu=True)
+    info = json.loads((tmp_path / "ddp" / "run_info.json").read_text())
+    assert info["num_processes"] == 2 and info["distributed_type"] == "DistributedType.MULTI_CPU"
+    assert res["num_processes"] == 2 and res["ranks_in_sync"] is True
+    assert len(res["param_checksums"]) == 2 and res["param_checksums"][0] == res["param_checksums"][1]
+    assert res["eval"]["n"] == 7  # gather_for_metrics dropped the padding duplicates
+    # 40 examples over 2 ranks x batch 4 = 5 batches per rank per epoch; 6 steps x accum 2 = 2 epochs
+    assert res["examples_seen_per_process"] == 40 and res["global_step"] == 6
+    assert isinstance(load_model(tmp_path / "ddp" / "best"), FilterModel)
+
+
+@pytest.mark.slow
+def test_deepspeed_zero2_on_cpu(tiny, tmp_path):
+    """First run on a machine JIT-compiles DeepSpeed's shared-memory comm op (minutes); later runs ~1 min."""
+    pytest.importorskip("deepspeed")
+    res = _launch(tiny, tmp_path / "ds", ["--use_deepspeed", "--deepspeed_config_file",
+                                           str(REPO / "configs" / "deepspeed" / "zero2.json")], use_cpu=False)
+    info = json.loads((tmp_path / "ds" / "run_info.json").read_text())
+    assert info["distributed_type"] == "DistributedType.DEEPSPEED"
+    assert res["ranks_in_sync"] is True and res["global_step"] == 6 and res["eval"]["n"] == 7
+    assert isinstance(load_model(tmp_path / "ds" / "last"), FilterModel)

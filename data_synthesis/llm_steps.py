@@ -16,9 +16,10 @@ For one question with its gold chunks:
 
 Every LLM answer is validated; a failed step is retried with another seed and
 a higher temperature, and after ``max_retries`` retries the question is
-rejected with :class:`SynthesisReject` naming the step and why. Backend
-failures (:class:`~effrag.llm.LLMError`, e.g. a server that is down)
-propagate: they are not the question's fault.
+rejected with :class:`SynthesisReject` naming the step and why (also when
+the backend refuses the request itself, e.g. a prompt longer than the context).
+Other backend failures (:class:`~effrag.llm.LLMError`, e.g. a server that is
+down) propagate: they are not the question's fault.
 """
 from __future__ import annotations
 
@@ -27,11 +28,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from effrag.data.records import Passage, Question
-from effrag.llm import LLM, JSONParseError, parse_json_loose
+from effrag.llm import LLM, JSONParseError, LLMRequestError, parse_json_loose
 from effrag.prompts import load_prompt
 from effrag.text import join_words, words
 
-from .align import align
+from .align import align, content_keys
 
 SOURCE = "llm"
 COMPARISON_TYPES = {"comparison"}  # sub-questions independent of each other (HotpotQA / 2Wiki "comparison")
@@ -61,9 +62,10 @@ class LLMStepsConfig:
     max_retries: int = 2
     seed: int = 0
     retry_temperature: float = 0.7
-    min_coverage: float = 0.6  # share of LLM-picked words that must be found in the source words
-    max_label_fraction: float = 0.8  # more than this labelled in a chunk of >= 20 words = "copied everything"
+    min_coverage: float = 0.8  # share of LLM-picked words that must be found in the source words
+    max_label_fraction: float = 0.6  # more than this labelled in a chunk of >= 20 words = "copied everything"
     require_answer_words: bool = True  # token labels must keep at least half of the sub-answer's words
+    require_question_words: bool = True  # ... and a content word of the sub-question, when the chunk has one
     max_tokens_decompose_per_hop: int = 90
     max_tokens_label: int = 160
     max_tokens_filter: int = 96
@@ -115,8 +117,11 @@ def _run_step(step: str, llm: LLM, messages: list[dict[str, str]], schema: dict[
     reason = f"{step}_failed"
     for attempt in range(cfg.max_retries + 1):
         temperature = 0.0 if attempt == 0 else cfg.retry_temperature
-        comp = llm.chat(messages, temperature=temperature, max_tokens=max_tokens, json_schema=schema,
-                        seed=cfg.seed + attempt)[0]
+        try:
+            comp = llm.chat(messages, temperature=temperature, max_tokens=max_tokens, json_schema=schema,
+                            seed=cfg.seed + attempt)[0]
+        except LLMRequestError as e:  # e.g. the prompt does not fit the context: retrying will not help
+            raise SynthesisReject(f"{step}_request_rejected", str(e)[:300]) from None
         try:
             try:
                 data = parse_json_loose(comp.text)
@@ -160,7 +165,8 @@ def decomposition_schema(k: int, comparison: bool) -> dict[str, Any]:
                 "answer": {"type": "string", "minLength": 1, "maxLength": 80},
                 "dependency": {"type": "array", "items": {"type": "string", "enum": [x for x in ids if x != sid] or ["0"]},
                                "maxItems": 0 if comparison else max(k - 1, 0)},
-                "document": {"type": "string", "enum": [f"#{x}" for x in ids]},
+                # "Each document infers a sub_question id": sub-question i is answered by document #i
+                "document": {"type": "string", "enum": [f"#{sid}"]},
             },
             "required": ["sub_question", "answer", "dependency", "document"],
             "additionalProperties": False,
@@ -227,7 +233,10 @@ def _validate_decomposition(q: Question, data: dict[str, Any]) -> list[SubQ]:
         if _share_found(s.answer, words(chunk_text(q.gold[s.chunk]))) < 0.5:
             raise _Invalid("decompose_answer_not_in_document", f"{s.answer!r} not in document #{s.chunk + 1}")
     _assign_hops(subs)
-    if k > 1 and (q.type or "") not in COMPARISON_TYPES and not any(s.dependencies for s in subs):
+    comparison = (q.type or "") in COMPARISON_TYPES
+    if comparison and any(s.dependencies for s in subs):
+        raise _Invalid("decompose_bad_dependency", "a comparison's sub-questions must not depend on each other")
+    if k > 1 and not comparison and not any(s.dependencies for s in subs):
         raise _Invalid("decompose_no_dependency", "no sub-question depends on another")
     return subs
 
@@ -282,6 +291,9 @@ def label_chunk(sub: SubQ, p: Passage, llm: LLM, cfg: LLMStepsConfig) -> list[in
         kept = [w for w, l in zip(cw, labels) if l]
         if cfg.require_answer_words and _share_found(sub.answer, kept) < 0.5:
             raise _Invalid("label_missing_answer", f"answer {sub.answer!r} not among the labelled words")
+        asked = (content_keys(words(sub.question)) & content_keys(cw)) - content_keys(words(sub.answer))
+        if cfg.require_question_words and asked and not asked & content_keys(kept):
+            raise _Invalid("label_missing_question", f"none of {sorted(asked)[:6]} labelled")
         return labels
 
     return _run_step("label", llm, labeling_messages(sub, p), schema, cfg.max_tokens_label, validate, cfg)

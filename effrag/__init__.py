@@ -13,16 +13,12 @@ import os as _os
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
-__all__ = ["EfficientRAG", "EfficientRAGConfig", "__version__"]
+__all__ = ["EfficientRAG", "EfficientRAGConfig", "Chunk", "__version__"]
 
 
 def __getattr__(name):  # lazy: importing effrag must not import torch
-    if name == "EfficientRAG":
-        from effrag.api import EfficientRAG
+    if name in ("EfficientRAG", "EfficientRAGConfig", "Chunk"):
+        from effrag import api
 
-        return EfficientRAG
-    if name == "EfficientRAGConfig":
-        from effrag.pipelines.efficientrag import EfficientRAGConfig
-
-        return EfficientRAGConfig
+        return getattr(api, name)
     raise AttributeError(f"module 'effrag' has no attribute {name!r}")

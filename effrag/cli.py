@@ -127,6 +127,9 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--batch-size", type=positive_int, default=1,
                    help="questions per pipeline call (latency is per question either way)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--llm", default=None, metavar="SPEC",
+                   help="LLM for answers: 'default' (bundled SmolLM2), gguf:PATH or openai:URL#model; "
+                        "retrieval-only methods then also answer with the paper's retrieval prompt")
     p.add_argument("--cache-dir", type=Path, default=None, help=f"index cache (default {_default_cache()})")
     p.add_argument("--output", required=True, metavar="DIR")
     p.add_argument("--overwrite", action="store_true", help="discard earlier predictions in --output")
@@ -168,6 +171,20 @@ def _encoder_path(retriever) -> str | None:
     return None
 
 
+def _llm_option(cls, spec: str, dataset: str) -> dict:
+    """``--llm`` for a method: LLM methods take the spec, retrieval methods a shared answer generator."""
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters
+    if "llm" in params:
+        return {"llm": spec}
+    if "generator" in params:
+        from effrag.pipelines.generation import Generator
+
+        return {"generator": Generator(spec, dataset=dataset)}
+    raise ValueError(f"method {cls.name!r} does not use an LLM (--llm)")
+
+
 def _cmd_eval(args) -> None:
     import shutil
 
@@ -193,7 +210,10 @@ def _cmd_eval(args) -> None:
             by_q.setdefault(qid, []).append(f"missing:{title}")
         gold = [g + by_q.get(q.id, []) for q, g in zip(questions, gold)]
     method_opts = {d: getattr(args, d) for d in args.method_opts}
-    pipeline = build_pipeline(args.method, retriever, k=max(ks), **method_opts)
+    llm_opts = {}
+    if args.llm is not None and "llm" not in method_opts:
+        llm_opts = _llm_option(cls, args.llm, questions[0].dataset)
+    pipeline = build_pipeline(args.method, retriever, k=max(ks), **method_opts, **llm_opts)
     out = Path(args.output)
     if args.overwrite and out.exists():
         shutil.rmtree(out)
@@ -204,7 +224,7 @@ def _cmd_eval(args) -> None:
               "index_type": args.index_type if kind != "bm25" else None,
               "encoder": _encoder_path(retriever),
               "bf16": args.bf16, "k": ks, "limit": args.limit, "batch_size": args.batch_size,
-              "method_options": method_opts}
+              "method_options": method_opts, "llm": args.llm}
     entries = evaluate(pipeline, questions, gold, out, config, ks=ks, batch_size=args.batch_size, seed=args.seed)
     print(markdown_table(entries), end="")
     try:  # recall against chunks, like the paper's Figure 2 (needs the plots extra)

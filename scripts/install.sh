@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 EXTRAS="${EXTRAS:-llm,test}"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
 export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF}"
 # torch is pinned (2.13.0, CPU build) in pyproject.toml; install it first so no
 # other requirement can pull a CUDA build.

@@ -1,0 +1,146 @@
+"""The public API: EfficientRAG as a multi-hop retriever in a few lines.
+
+    from effrag import EfficientRAG
+    rag = EfficientRAG.from_pretrained("checkpoints/labeler", "checkpoints/filter",
+                                       retriever="indexes/hotpotqa-bm25", tag_threshold=0.5)
+    chunks = rag.retrieve("Who directed the film that ...?")
+    for c in chunks:                 # ranked by hop, then p(<Continue>)
+        print(c.hop, c.score, c.title, c.kept_text)
+    chunks.trace                     # per hop: queries, retrieved ids, tags, kept words, next queries
+    rag.answer("Who directed ...?", llm="default").answer
+
+The retriever is anything with ``search(queries, k) -> list[list[Hit]]`` (the
+FAISS, BM25 and hybrid indexes of :mod:`effrag.retrieval`), a saved index
+directory, or a plain function ``fn(queries, k)`` returning hits as
+:class:`~effrag.retrieval.base.Hit` objects or ``{"id", "title", "text", "score"}`` dicts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from effrag.pipelines.efficientrag import (Chunk, EfficientRAGConfig, EfficientRAGLoop, LoopResult, build_config,
+                                           load_models)
+from effrag.pipelines.generation import Generation, Generator
+from effrag.retrieval.base import Hit
+
+__all__ = ["EfficientRAG", "EfficientRAGConfig", "Chunk", "RetrievedChunks", "Answer", "FunctionRetriever"]
+
+
+class RetrievedChunks(list):
+    """The ranked candidate :class:`Chunk` list of one question, carrying ``trace``, ``iterations``, ``timing``."""
+
+    def __init__(self, result: LoopResult):
+        super().__init__(result.chunks)
+        self.question = result.question
+        self.trace = result.trace
+        self.iterations = result.iterations
+        self.timing = result.timing
+
+    @property
+    def ids(self) -> list[str]:
+        return [c.id for c in self]
+
+
+@dataclass
+class Answer:
+    """A generated answer with the chunks it was generated from."""
+
+    question: str
+    answer: str
+    chunks: RetrievedChunks
+    generation: Generation
+
+
+class FunctionRetriever:
+    """Wraps ``fn(queries, k)`` into a retriever; dict hits become :class:`Hit` (errors name the bad field)."""
+
+    def __init__(self, fn: Callable[[list[str], int], Sequence[Sequence[Any]]]):
+        self.fn = fn
+
+    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        results = self.fn(list(queries), k)
+        if len(results) != len(queries):
+            raise ValueError(f"retriever function returned {len(results)} hit lists for {len(queries)} queries")
+        return [[self._hit(h, qi, r) for r, h in enumerate(hits)] for qi, hits in enumerate(results)]
+
+    @staticmethod
+    def _hit(h: Any, qi: int, rank: int) -> Hit:
+        if isinstance(h, Hit):
+            return h
+        if isinstance(h, dict):
+            missing = [f for f in ("id", "text") if f not in h]
+            if missing:
+                raise ValueError(f"retriever function: hit {rank} of query {qi} lacks field(s) {missing}: {h!r}")
+            return Hit(id=str(h["id"]), title=str(h.get("title") or ""), text=str(h["text"]),
+                       score=float(h.get("score", 0.0)))
+        raise TypeError(f"retriever function: hit {rank} of query {qi} is a {type(h).__name__}, "
+                        "expected Hit or dict with id/title/text/score")
+
+
+def as_retriever(retriever: Any, corpus: Any = None) -> Any:
+    """A search object from a retriever, a saved index directory, or a function."""
+    if callable(getattr(retriever, "search", None)):
+        return retriever
+    if isinstance(retriever, (str, Path)):
+        from effrag.retrieval import load_retriever
+
+        return load_retriever(retriever, corpus=corpus)
+    if callable(retriever):
+        return FunctionRetriever(retriever)
+    raise TypeError(f"retriever must have search(queries, k), be an index directory or a function; "
+                    f"got {type(retriever).__name__}")
+
+
+class EfficientRAG:
+    """Labeler + Filter + retriever: iterative multi-hop retrieval without LLM calls."""
+
+    def __init__(self, labeler, filter_model, retriever, config: EfficientRAGConfig | None = None):
+        self.loop = EfficientRAGLoop(labeler, filter_model, as_retriever(retriever), config or EfficientRAGConfig())
+        self._generators: dict[tuple, Generator] = {}
+
+    @classmethod
+    def from_pretrained(cls, labeler_dir: str | Path, filter_dir: str | Path, retriever: Any, *,
+                        corpus: Any = None, config: EfficientRAGConfig | dict | str | None = None,
+                        **options: Any) -> "EfficientRAG":
+        """Load both checkpoints; ``options`` are :class:`EfficientRAGConfig` fields (``tag_threshold=``, ...)."""
+        cfg = build_config(config, **options)
+        labeler, filter_model = load_models(labeler_dir, filter_dir)
+        return cls(labeler, filter_model, as_retriever(retriever, corpus), cfg)
+
+    @property
+    def config(self) -> EfficientRAGConfig:
+        return self.loop.config
+
+    @config.setter
+    def config(self, cfg: EfficientRAGConfig) -> None:
+        self.loop.config = cfg
+
+    @property
+    def retriever(self) -> Any:
+        return self.loop.retriever
+
+    def retrieve(self, question: str) -> RetrievedChunks:
+        return self.retrieve_batch([question])[0]
+
+    def retrieve_batch(self, questions: Sequence[str]) -> list[RetrievedChunks]:
+        """All questions hop by hop together (same results as one at a time, higher throughput)."""
+        if isinstance(questions, str):
+            raise TypeError("retrieve_batch takes a list of questions; use retrieve(question) for one")
+        return [RetrievedChunks(r) for r in self.loop.run(list(questions))]
+
+    def answer(self, question: str, llm: Any = "default", *, dataset: str | None = None,
+               context: str = "chunks", **generator_options: Any) -> Answer:
+        """Retrieve, then one LLM call with the paper's retrieval QA prompt for ``dataset``.
+
+        ``llm`` is an :class:`effrag.llm.LLM` or a spec (``"default"`` = bundled SmolLM2);
+        ``context="kept_words"`` sends only the Labeler's kept words (compressed context).
+        """
+        chunks = self.retrieve(question)
+        key = (id(llm) if not isinstance(llm, str) else llm, dataset, context, tuple(sorted(generator_options.items())))
+        gen = self._generators.get(key)
+        if gen is None:
+            gen = self._generators[key] = Generator(llm, dataset=dataset, context=context, **generator_options)
+        out = gen.generate(question, chunks)
+        return Answer(question=question, answer=out.answer, chunks=chunks, generation=out)

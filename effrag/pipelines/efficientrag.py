@@ -1,0 +1,422 @@
+"""EfficientRAG inference: the LLM-free iterative retrieval loop (paper §3.1, Figure 3).
+
+Hop 0 retrieves the top-``hop_k`` chunks for the question. At every hop the
+Labeler reads each (query, chunk) pair once: a chunk tagged <Continue>
+(``p_continue >= tag_threshold``) joins the candidate pool and gives its kept
+words (``keep prob >= token_threshold``); a <Terminate> chunk ends its branch.
+The Filter reads ``"<query> Info: <kept words> Info: ..."`` and its kept words
+(``>= filter_threshold``) are the next query. The loop stops when no chunk
+continues or after ``max_hops`` retrieval rounds. No LLM is called; the
+candidate pool goes to one generator call afterwards (:mod:`.generation`).
+
+Inputs are built exactly as the training data was synthesised
+(``data_synthesis/llm_steps.py``: :func:`chunk_text`, :func:`filter_input_words`).
+
+Many questions run together hop by hop (one Labeler batch, one Filter batch and
+one retriever call per distinct ``k`` per hop); every question's result depends
+only on its own inputs, so batched and one-at-a-time runs agree.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Sequence
+
+from effrag.text import join_words, words, words_batch
+
+from .base import Pipeline, register_pipeline
+
+QUERY_MODES = ("merged", "per_chunk")
+DEDUP_MODES = ("refill", "drop")
+CHUNK_FORMATS = ("title_text", "text")
+INFO = ["Info", ":"]
+CONTINUE, TERMINATE = "<Continue>", "<Terminate>"
+
+
+@dataclass
+class EfficientRAGConfig:
+    """Loop options (tune on dev: ``scripts/tune_efficientrag.py``).
+
+    ``max_hops`` counts retrieval rounds, hop 0 included. ``query_mode``:
+    ``merged`` = all kept words of a hop form one next query (as synthesised and as in
+    the paper's code); ``per_chunk`` = each <Continue> chunk spawns its own query from
+    the query that found it plus its own kept words (at most ``max_branches`` per hop,
+    most confident first). ``dedup``: a chunk seen in an earlier hop is never labeled
+    again; ``refill`` retrieves deeper so each query still gets up to ``hop_k`` new
+    chunks, ``drop`` just removes seen chunks from the top ``hop_k``.
+    ``min_candidates`` (default 0, the paper) tops up a small pool with the most
+    likely <Terminate> chunks; ``max_candidates`` caps the pool.
+    """
+
+    hop_k: int = 10
+    max_hops: int = 4  # as the paper's released code (MAX_ITER = 4)
+    tag_threshold: float = 0.5
+    token_threshold: float = 0.5
+    filter_threshold: float = 0.5
+    query_mode: str = "merged"
+    dedup: str = "refill"
+    max_branches: int = 4
+    max_candidates: int | None = None
+    min_candidates: int = 0
+    chunk_format: str = "title_text"
+    batch_size: int = 32
+    labeler_max_length: int | None = None
+    filter_max_length: int | None = None
+    bf16: bool = False
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("query_mode", QUERY_MODES), ("dedup", DEDUP_MODES), ("chunk_format", CHUNK_FORMATS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"EfficientRAGConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        for name in ("hop_k", "max_hops", "max_branches", "batch_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"EfficientRAGConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.max_candidates is not None and self.max_candidates < 1:
+            raise ValueError(f"EfficientRAGConfig.max_candidates must be >= 1 or None, got {self.max_candidates}")
+        if self.min_candidates < 0:
+            raise ValueError(f"EfficientRAGConfig.min_candidates must be >= 0, got {self.min_candidates}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EfficientRAGConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown EfficientRAGConfig option(s) {unknown}; known: {sorted(known)}")
+        return cls(**d)
+
+    def replace(self, **changes: Any) -> "EfficientRAGConfig":
+        return self.from_dict({**asdict(self), **changes})
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def chunk_text(title: str, text: str, chunk_format: str = "title_text") -> str:
+    """What a chunk looks like to the Labeler: ``"<title>: <text>"`` as in synthesis (or text only)."""
+    return f"{title}: {text}" if chunk_format == "title_text" and title else text
+
+
+def filter_input_words(query: str, kept: Sequence[Sequence[str]]) -> list[str]:
+    """``words(query) + ["Info", ":"] + kept_1 + ["Info", ":"] + kept_2 ...``, as in synthesis."""
+    out = words(query)
+    for ws in kept:
+        out += INFO + list(ws)
+    return out
+
+
+@dataclass
+class Chunk:
+    """A candidate chunk: ``score`` is the Labeler's p(<Continue>), ``query`` the query that found it."""
+
+    id: str
+    title: str
+    text: str
+    score: float
+    hop: int
+    kept_words: list[str] = field(default_factory=list)
+    query: str = ""
+    retrieval_score: float = 0.0
+    fallback: bool = False  # added by ``min_candidates``, not tagged <Continue>
+
+    @property
+    def kept_text(self) -> str:
+        return join_words(self.kept_words)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LoopResult:
+    """One question's outcome: ranked candidates (by hop, then p_continue), a per-hop trace, timings."""
+
+    question: str
+    chunks: list[Chunk]
+    trace: list[dict[str, Any]]
+    iterations: int
+    timing: dict[str, float]
+
+
+@dataclass
+class _State:
+    question: str
+    queries: list[str]
+    seen: set[str] = field(default_factory=set)
+    pool: list[Chunk] = field(default_factory=list)
+    rejected: list[Chunk] = field(default_factory=list)
+    trace: list[dict[str, Any]] = field(default_factory=list)
+    timing: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    iterations: int = 0
+    # scratch of the current hop
+    entry: dict[str, Any] = field(default_factory=dict)
+    cont: list[Chunk] = field(default_factory=list)
+    n_pairs: int = 0
+    n_jobs: int = 0
+
+
+class EfficientRAGLoop:
+    """The loop over a Labeler, a Filter and any retriever with ``search(queries, k)``."""
+
+    def __init__(self, labeler, filter_model, retriever, config: EfficientRAGConfig | None = None):
+        if not callable(getattr(retriever, "search", None)):
+            raise TypeError(f"retriever {type(retriever).__name__} has no search(queries, k) method")
+        self.labeler = labeler
+        self.filter = filter_model
+        self.retriever = retriever
+        self.config = config or EfficientRAGConfig()
+        self._words: dict[str, list[str]] = {}
+
+    # ------------------------------------------------------------------ helpers
+    def _search(self, queries: list[str], ks: list[int]) -> list[list[Any]]:
+        """One retriever call per distinct ``k`` (so a query's hits never depend on its batch mates)."""
+        out: list[list[Any]] = [[] for _ in queries]
+        groups: dict[int, list[int]] = defaultdict(list)
+        for i, k in enumerate(ks):
+            groups[k].append(i)
+        for k, idx in sorted(groups.items()):
+            hits = self.retriever.search([queries[i] for i in idx], k)
+            if len(hits) != len(idx):
+                raise RuntimeError(f"retriever returned {len(hits)} hit lists for {len(idx)} queries")
+            for i, h in zip(idx, hits):
+                out[i] = list(h)
+        return out
+
+    def _chunk_words(self, hits: list[Any]) -> list[list[str]]:
+        missing = {h.id: chunk_text(h.title, h.text, self.config.chunk_format) for h in hits if h.id not in self._words}
+        if missing:
+            if len(self._words) > 200_000:
+                self._words.clear()
+            for cid, ws in zip(missing, words_batch(list(missing.values()))):
+                self._words[cid] = ws
+        return [self._words[h.id] for h in hits]
+
+    def _k_for(self, st: _State, qi: int) -> int:
+        k = self.config.hop_k
+        if self.config.dedup == "drop":
+            return k
+        need = k * (qi + 1) + len(st.seen)  # earlier queries of this hop may take up to k each
+        return -(-need // k) * k  # round up to a multiple of k: fewer distinct retriever calls
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, questions: Sequence[str]) -> list[LoopResult]:
+        """Run the loop for every question together; results in input order."""
+        import torch
+
+        for i, q in enumerate(questions):
+            if not isinstance(q, str) or not q.strip():
+                raise ValueError(f"question {i} is empty or not a string: {q!r}")
+        cfg = self.config
+        states = [_State(question=q, queries=[q]) for q in questions]
+        with torch.inference_mode():
+            for hop in range(cfg.max_hops):
+                active = [s for s in states if s.queries]
+                if not active:
+                    break
+                self._hop(hop, active)
+        return [self._finish(s) for s in states]
+
+    def _hop(self, hop: int, active: list[_State]) -> None:
+        cfg, last = self.config, hop + 1 >= self.config.max_hops
+        t_hop = time.perf_counter()
+        for s in active:
+            s.entry = {"hop": hop, "queries": list(s.queries), "retrieved": [], "skipped_seen": 0,
+                       "chunks": [], "filter_inputs": [], "next_queries": []}
+            s.cont, s.n_pairs, s.n_jobs = [], 0, 0
+        # 1. retrieval: every query of every active question, one retriever call per distinct k
+        reqs = [(s, qi) for s in active for qi in range(len(s.queries))]
+        t0 = time.perf_counter()
+        hits = self._search([s.queries[qi] for s, qi in reqs], [self._k_for(s, qi) for s, qi in reqs])
+        t_ret = time.perf_counter() - t0
+        # 2. up to hop_k chunks per query that this question has not seen in any hop
+        pairs: list[tuple[_State, int, Any]] = []
+        for (s, qi), hs in zip(reqs, hits):
+            new = []
+            for h in hs:
+                if len(new) == cfg.hop_k:
+                    break
+                if h.id in s.seen:
+                    s.entry["skipped_seen"] += 1
+                else:
+                    s.seen.add(h.id)
+                    new.append(h)
+            pairs += [(s, qi, h) for h in new]
+            s.n_pairs += len(new)
+            s.entry["retrieved"].append([h.id for h in new])
+        # 3. the Labeler reads all pairs of the hop in one call
+        cwords = self._chunk_words([h for _, _, h in pairs])
+        t0 = time.perf_counter()
+        preds = self.labeler.predict([s.queries[qi] for s, qi, _ in pairs], cwords, batch_size=cfg.batch_size,
+                                     max_length=cfg.labeler_max_length, bf16=cfg.bf16) if pairs else []
+        t_lab = time.perf_counter() - t0
+        for (s, qi, h), ws, (p, probs) in zip(pairs, cwords, preds):
+            go = p >= cfg.tag_threshold
+            kept = [w for w, pr in zip(ws, probs) if pr >= cfg.token_threshold] if go else []
+            c = Chunk(id=h.id, title=h.title, text=h.text, score=float(p), hop=hop, kept_words=kept,
+                      query=s.queries[qi], retrieval_score=float(h.score))
+            s.entry["chunks"].append({"id": h.id, "title": h.title, "query": qi, "p_continue": round(float(p), 4),
+                                      "tag": CONTINUE if go else TERMINATE, "kept": join_words(kept)})
+            (s.pool if go else s.rejected).append(c)
+            if go:
+                s.cont.append(c)
+        # 4. the Filter turns query + kept words into next queries (not after the last hop)
+        jobs: list[tuple[_State, str, list[list[str]]]] = []
+        for s in ([] if last else active):
+            conts = sorted(s.cont, key=lambda c: -c.score)
+            if cfg.query_mode == "merged":  # one query per hop: the hop's query + every kept block
+                jobs += [(s, s.queries[0], [c.kept_words for c in conts])] if conts else []
+            else:  # one query per <Continue> chunk, most confident first
+                jobs += [(s, c.query, [c.kept_words]) for c in conts[: cfg.max_branches]]
+        finputs = [filter_input_words(base, kept) for _, base, kept in jobs]
+        t0 = time.perf_counter()
+        fprobs = self.filter.predict(finputs, batch_size=cfg.batch_size, max_length=cfg.filter_max_length,
+                                     bf16=cfg.bf16) if jobs else []
+        t_fil = time.perf_counter() - t0
+        for (s, base, kept), ws, probs in zip(jobs, finputs, fprobs):
+            picked = [w for w, pr in zip(ws, probs) if pr >= cfg.filter_threshold]
+            if not any(ch.isalnum() for w in picked for ch in w):
+                picked = words(base) + [w for k in kept for w in k]  # Filter kept nothing: query + document info
+            q = join_words(picked)
+            s.n_jobs += 1
+            s.entry["filter_inputs"].append(join_words(ws))
+            if q not in s.entry["next_queries"]:
+                s.entry["next_queries"].append(q)
+        # 5. trace, timing shares (by work items; the rest split evenly), next state
+        t_rest = max(0.0, time.perf_counter() - t_hop - t_ret - t_lab - t_fil)
+        for s in active:
+            if not s.cont:
+                s.entry["stop"] = "no_continue" if s.n_pairs else "no_new_chunks"
+            elif last:
+                s.entry["stop"] = "max_hops"
+            s.timing["retrieval"] += t_ret * len(s.queries) / len(reqs)
+            s.timing["labeler"] += t_lab * s.n_pairs / max(1, len(pairs))
+            s.timing["filter"] += t_fil * s.n_jobs / max(1, len(jobs))
+            s.timing["other"] += t_rest / len(active)
+            s.trace.append(s.entry)
+            s.iterations = hop + 1
+            s.queries = s.entry["next_queries"]
+
+    def _finish(self, s: _State) -> LoopResult:
+        cfg = self.config
+        pool = sorted(s.pool, key=lambda c: (c.hop, -c.score))
+        if len(pool) < cfg.min_candidates:
+            extra = sorted(s.rejected, key=lambda c: (-c.score, c.hop))[: cfg.min_candidates - len(pool)]
+            pool += [Chunk(**{**asdict(c), "fallback": True}) for c in extra]
+        if cfg.max_candidates is not None:
+            pool = pool[: cfg.max_candidates]
+        timing = {k: s.timing.get(k, 0.0) for k in ("retrieval", "labeler", "filter", "other")}
+        timing["total"] = sum(timing.values())
+        return LoopResult(question=s.question, chunks=pool, trace=s.trace, iterations=s.iterations, timing=timing)
+
+
+# ---------------------------------------------------------------------- the registered pipeline
+
+_FLAGS = {  # effrag eval flag -> (type, help); dest = config field (except --er-batch-size -> batch_size)
+    "--hop-k": (int, "chunks retrieved per query per hop (default 10)"),
+    "--max-hops": (int, "retrieval rounds, hop 0 included (default 4)"),
+    "--tag-threshold": (float, "p(<Continue>) needed to keep a chunk and go on (default 0.5)"),
+    "--token-threshold": (float, "keep probability of a chunk word (default 0.5)"),
+    "--filter-threshold": (float, "keep probability of a next-query word (default 0.5)"),
+    "--query-mode": (str, "merged: one next query per hop; per_chunk: one per <Continue> chunk"),
+    "--dedup": (str, "refill: up to hop-k unseen chunks per query; drop: seen chunks just leave the top hop-k"),
+    "--max-branches": (int, "per_chunk mode: next queries per question per hop (default 4)"),
+    "--max-candidates": (int, "cap on the candidate pool (default: none)"),
+    "--min-candidates": (int, "top up the pool with the likeliest <Terminate> chunks (default 0)"),
+    "--er-batch-size": (int, "Labeler/Filter forward batch size (default 32)"),
+}
+
+
+def build_config(config: EfficientRAGConfig | dict | str | None = None, **overrides: Any) -> EfficientRAGConfig:
+    """A config from an object, a dict or a JSON file (the tuner's ``best.json``), then non-None overrides."""
+    import json
+    from pathlib import Path
+
+    if isinstance(config, (str, Path)):
+        try:
+            data = json.loads(Path(config).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read EfficientRAG config {config}: {e}") from None
+        base = data.get("config", data)  # the tuner writes {"config": {...}, "metrics": {...}}
+    else:
+        base = config.to_json() if isinstance(config, EfficientRAGConfig) else dict(config or {})
+    base.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return EfficientRAGConfig.from_dict(base)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"EfficientRAG config{f' {config}' if isinstance(config, str) else ''}: {e}") from None
+
+
+def load_models(labeler, filter_model):
+    """Labeler and Filter from checkpoint directories (models given as objects pass through)."""
+    from effrag.models import FilterModel, LabelerModel
+
+    if isinstance(labeler, str) or hasattr(labeler, "__fspath__"):
+        labeler = LabelerModel.from_pretrained(labeler)
+    if isinstance(filter_model, str) or hasattr(filter_model, "__fspath__"):
+        filter_model = FilterModel.from_pretrained(filter_model)
+    return labeler.eval(), filter_model.eval()
+
+
+@register_pipeline("efficientrag", aliases=("efficient-rag",))
+class EfficientRAGPipeline(Pipeline):
+    """EfficientRAG retrieval, plus one generator call per question when ``generator`` is given.
+
+    ``retrieved`` is the candidate pool (what the paper's Recall@K counts), ``scores``
+    are p(<Continue>), ``trace`` the per-hop record, ``timing`` the loop time split into
+    retrieval / labeler / filter / other (and generation). ``config`` or ``er_config``
+    (a JSON file) give the loop options; keyword options (the ``effrag eval`` flags) override them.
+    """
+
+    def __init__(self, retriever, labeler=None, filter=None, config=None, generator=None,
+                 k: int | None = None, er_config: str | None = None, er_batch_size: int | None = None,
+                 er_bf16: bool | None = None, **options: Any):
+        if labeler is None or filter is None:
+            raise ValueError("efficientrag needs --labeler DIR and --filter DIR (trained checkpoints)")
+        if k is not None and options.get("hop_k") is None:
+            options["hop_k"] = k
+        options.setdefault("bf16", er_bf16)
+        self.config = build_config(config or er_config, batch_size=er_batch_size, **options)
+        self.loop = EfficientRAGLoop(*load_models(labeler, filter), retriever, self.config)
+        self.generator = generator
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        g = parser.add_argument_group("efficientrag")
+        g.add_argument("--labeler", metavar="DIR", help="trained Labeler checkpoint directory")
+        g.add_argument("--filter", metavar="DIR", help="trained Filter checkpoint directory")
+        g.add_argument("--er-config", metavar="JSON", help="loop config file (e.g. the tuner's best.json)")
+        for flag, (typ, help_) in _FLAGS.items():
+            choices = {"--query-mode": QUERY_MODES, "--dedup": DEDUP_MODES}.get(flag)
+            g.add_argument(flag, type=typ, default=None, choices=choices, help=help_)
+        g.add_argument("--er-bf16", action="store_true", default=None, help="bf16 autocast for Labeler/Filter")
+
+    def run(self, question: str) -> dict[str, Any]:
+        return self.run_batch([question])[0]
+
+    def run_batch(self, questions: list[str]) -> list[dict[str, Any]]:
+        results = self.loop.run(list(questions))
+        outs = []
+        for r, g in zip(results, generate_answers(self.generator, results)):
+            g = g or {}
+            trace = {"hops": r.trace, **({"generation": g["trace"]} if g.get("trace") else {})}
+            out = self.output([c.id for c in r.chunks], [c.score for c in r.chunks], g.get("answer"),
+                              llm_calls=g.get("llm_calls", 0), prompt_tokens=g.get("prompt_tokens", 0),
+                              completion_tokens=g.get("completion_tokens", 0), iterations=r.iterations, trace=trace)
+            timing = dict(r.timing, **({"generation": g["latency_s"]} if "latency_s" in g else {}))
+            out["timing"] = {k: round(v, 6) for k, v in timing.items()}
+            outs.append(out)
+        return outs
+
+
+def generate_answers(generator, results: list[LoopResult]) -> list[dict[str, Any] | None]:
+    """Answers for loop results: batched through a :class:`.generation.Generator`, else one call each."""
+    if generator is None:
+        return [None] * len(results)
+    if hasattr(generator, "generate_batch"):
+        gens = generator.generate_batch([r.question for r in results], [r.chunks for r in results])
+        return [g.to_hook() for g in gens]
+    outs = []
+    for r in results:
+        g = generator(r.question, r.chunks)
+        outs.append({"answer": g, "llm_calls": 1} if isinstance(g, str) else dict(g))
+    return outs

@@ -1,0 +1,217 @@
+"""Answer generation over retrieved chunks with the EfficientRAG paper's retrieval QA prompts.
+
+One :class:`Generator` is shared by EfficientRAG and Direct-R (and any other
+retrieve-then-read method), so end-to-end QA differences come from the chunks
+alone: same prompt (Tables 14-16 of the paper, ``effrag/prompts/qa/``), same
+LLM call, same answer extraction.
+
+The prompts ask for ``<Answer>: ```json {"answer": "..."}```'' but small models
+often answer ``Answer: X``, leave the JSON unterminated or just write the
+answer; :func:`parse_answer` accepts all of these. :func:`judge_answer` is the
+paper's LLM-judged accuracy (Table 7).
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from effrag.llm import LLM, JSONParseError, load_llm, parse_json_loose
+from effrag.prompts import load_prompt
+from effrag.text import join_words
+
+#: dataset name -> prompt file (``effrag/prompts/qa/<name>.txt``); other datasets use ``qa/default``.
+DATASET_PROMPTS = {"hotpotqa": "qa/hotpotqa", "musique": "qa/musique", "2wikimqa": "qa/2wikimqa"}
+DEFAULT_PROMPT = "qa/default"
+JUDGE_PROMPT = "qa/judge"
+CONTEXT_MODES = ("chunks", "kept_words")
+
+_PLACEHOLDER = re.compile(r"\{(knowledge|question|prediction|answer)\}")
+_ANSWER_FIELD = re.compile(r"""["']answer["']\s*:\s*(?:"((?:[^"\\]|\\.)*)"?|'([^']*)'?|([^,}\n]+))""", re.I)
+_ANSWER_LEAD = re.compile(r"(?:<answer>|\banswer\b)[^:\n]{0,40}?:", re.I)  # "Answer:", "The answer to it is:"
+_NOISE = re.compile(r"</?doc>|</?answer>|```(?:json)?", re.I)  # prompt tags and fences the model echoes
+
+
+def render(template: str, **values: str) -> str:
+    """Fill ``{knowledge}``/``{question}``/``{prediction}``/``{answer}`` in one pass (braces in values stay)."""
+    def sub(m: re.Match) -> str:
+        key = m.group(1)
+        return values[key] if key in values else m.group(0)
+
+    return _PLACEHOLDER.sub(sub, template)
+
+
+def prompt_name(dataset: str | None) -> str:
+    return DATASET_PROMPTS.get((dataset or "").lower(), DEFAULT_PROMPT)
+
+
+def _field(chunk: Any, name: str, default: Any = None) -> Any:
+    if isinstance(chunk, dict):
+        return chunk.get(name, default)
+    return getattr(chunk, name, default)
+
+
+def format_knowledge(chunks: Sequence[Any], context: str = "chunks", with_titles: bool = True) -> str:
+    """The ``{knowledge}`` block: one chunk per line, ``"<title>: <text>"``.
+
+    ``context="kept_words"`` passes only the words the Labeler kept of each chunk
+    (EfficientRAG's context compression); chunks without ``kept_words`` (or with
+    none kept) fall back to their full text so no retrieved evidence is dropped silently.
+    """
+    if context not in CONTEXT_MODES:
+        raise ValueError(f"context must be one of {CONTEXT_MODES}, got {context!r}")
+    lines = []
+    for c in chunks:
+        text = _field(c, "text", "") or ""
+        if context == "kept_words":
+            kept = _field(c, "kept_words")
+            if kept:
+                text = join_words(list(kept))
+        title = _field(c, "title", "") or ""
+        lines.append(f"{title}: {text}" if with_titles and title else text)
+    return "\n".join(lines)
+
+
+def parse_answer(text: str) -> str:
+    """The short answer in a generation, tolerating fences, prose, truncation and ``Answer:`` lines.
+
+    Order: a parsable JSON object with ``answer``; a (possibly unterminated)
+    ``"answer": "..."`` field; the first line after ``Answer:`` / ``The answer is:``;
+    else the first line. Echoed prompt tags (``<doc>``) and code fences are skipped.
+    Returns ``""`` for an empty generation or JSON without an answer.
+    """
+    if not text or not text.strip():
+        return ""
+    obj: dict[str, Any] | None = None
+    try:
+        obj = parse_json_loose(text)
+    except JSONParseError:
+        pass
+    if obj is not None and "answer" in obj:
+        val = obj["answer"]
+        if isinstance(val, list):
+            return ", ".join(str(v) for v in val).strip()
+        return ("" if val is None else str(val)).strip()
+    m = _ANSWER_FIELD.search(text)
+    if m:
+        val = next(g for g in m.groups() if g is not None)
+        return val.replace('\\"', '"').strip().strip("\"'").strip()
+    if obj is not None:  # JSON without an answer field (e.g. only a "thought")
+        return ""
+    m = _ANSWER_LEAD.search(text)
+    rest = text[m.end():] if m else text
+    for line in _NOISE.sub("\n", rest).splitlines():
+        line = line.strip().strip("`\"'").strip()
+        if line:
+            return line
+    return ""
+
+
+@dataclass
+class Generation:
+    """One answer: the parsed short answer, the raw text and the LLM cost of getting it."""
+
+    answer: str
+    raw: str
+    prompt: str
+    llm_calls: int = 1
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"answer": self.answer, "raw": self.raw, "llm_calls": self.llm_calls,
+                "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "latency_s": self.latency_s}
+
+    def to_hook(self) -> dict[str, Any]:
+        """The dict a pipeline's ``generator`` hook returns (see ``direct_r.py``)."""
+        return {**{k: v for k, v in self.to_json().items() if k != "raw"}, "trace": {"raw": self.raw}}
+
+
+@dataclass
+class Generator:
+    """Retrieval-augmented answering with one LLM call per question.
+
+    ``llm`` is an :class:`effrag.llm.LLM` or a spec string for :func:`effrag.llm.load_llm`.
+    ``dataset`` picks the paper prompt (Tables 14-16); ``template`` overrides it with
+    any text holding ``{knowledge}`` and ``{question}``. ``max_chunks`` caps how many
+    chunks (in the order given) enter the prompt.
+    """
+
+    llm: Any
+    dataset: str | None = None
+    context: str = "chunks"
+    with_titles: bool = True
+    max_chunks: int | None = None
+    max_tokens: int = 64
+    temperature: float = 0.0
+    template: str | None = None
+    _llm: LLM | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.context not in CONTEXT_MODES:
+            raise ValueError(f"context must be one of {CONTEXT_MODES}, got {self.context!r}")
+        if self.template is not None and "{question}" not in self.template:
+            raise ValueError("a custom QA template must contain {question} (and usually {knowledge})")
+
+    @property
+    def model(self) -> LLM:
+        if self._llm is None:
+            self._llm = load_llm(self.llm) if isinstance(self.llm, str) else self.llm
+        return self._llm
+
+    def build_prompt(self, question: str, chunks: Sequence[Any], dataset: str | None = None) -> str:
+        template = self.template or load_prompt(prompt_name(dataset or self.dataset))
+        chunks = list(chunks)[: self.max_chunks] if self.max_chunks is not None else list(chunks)
+        knowledge = format_knowledge(chunks, self.context, self.with_titles)
+        return render(template, knowledge=knowledge, question=question)
+
+    def __call__(self, question: str, chunks: Sequence[Any]) -> dict[str, Any]:
+        """The pipelines' ``generator(question, hits)`` hook (Direct-R, EfficientRAG)."""
+        return self.generate(question, chunks).to_hook()
+
+    def generate(self, question: str, chunks: Sequence[Any], dataset: str | None = None) -> Generation:
+        return self.generate_batch([question], [chunks], [dataset])[0]
+
+    def generate_batch(self, questions: Sequence[str], chunks_per_question: Sequence[Sequence[Any]],
+                       datasets: Sequence[str | None] | None = None) -> list[Generation]:
+        """One LLM call per question (sent through ``chat_many``, concurrent where the backend allows)."""
+        if len(questions) != len(chunks_per_question):
+            raise ValueError(f"{len(questions)} questions but {len(chunks_per_question)} chunk lists")
+        datasets = list(datasets) if datasets is not None else [None] * len(questions)
+        prompts = [self.build_prompt(q, c, d) for q, c, d in zip(questions, chunks_per_question, datasets)]
+        t0 = time.perf_counter()
+        outs = self.model.chat_many([[{"role": "user", "content": p}] for p in prompts],
+                                    temperature=self.temperature, max_tokens=self.max_tokens)
+        per_q = (time.perf_counter() - t0) / max(1, len(prompts))
+        result = []
+        for prompt, comps in zip(prompts, outs):
+            c = comps[0]
+            result.append(Generation(answer=parse_answer(c.text), raw=c.text, prompt=prompt,
+                                     prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens,
+                                     latency_s=c.latency if c.latency else per_q))
+        return result
+
+
+def parse_judgement(text: str) -> bool:
+    """True when a judge generation says yes (``{"response": "yes"}`` or a bare yes)."""
+    try:
+        val = str(parse_json_loose(text).get("response", "")).strip().lower()
+    except JSONParseError:
+        m = re.search(r"""["']?response["']?\s*:\s*["']?(yes|no)""", text, re.I)
+        val = m.group(1).lower() if m else text.strip().lower()
+    return val.startswith("yes")
+
+
+def judge_answer(llm: LLM | str, question: str, prediction: str, answers: Sequence[str] | str,
+                 max_tokens: int = 16) -> tuple[bool, Generation]:
+    """LLM-judged correctness with the paper's Table 7 prompt; returns (correct, the judge's generation)."""
+    model = load_llm(llm) if isinstance(llm, str) else llm
+    answer = answers if isinstance(answers, str) else " / ".join(answers)
+    prompt = render(load_prompt(JUDGE_PROMPT), question=question, prediction=prediction, answer=answer)
+    c = model.chat([{"role": "user", "content": prompt}], temperature=0.0, max_tokens=max_tokens)[0]
+    gen = Generation(answer="yes" if parse_judgement(c.text) else "no", raw=c.text, prompt=prompt,
+                     prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens, latency_s=c.latency)
+    return gen.answer == "yes", gen

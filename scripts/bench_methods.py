@@ -1,0 +1,132 @@
+"""Benchmark the LLM-based methods (and Direct-R, EfficientRAG) on dev files with one LLM.
+
+For each dataset file and method this runs :func:`effrag.evaluation.evaluate`
+(resumable: predictions are appended per question under
+``OUT/<dataset>/<method>/``) and writes one table of recall, chunks, EM/F1, LLM
+calls, tokens, parse failures and latency per question to ``OUT/bench.md`` and
+``OUT/bench.json`` (with the run config).
+
+    python scripts/bench_methods.py --questions /work/shared/data/hotpotqa/dev.jsonl --limit 5 \
+        --llm default --output runs/bench-smollm2
+
+The corpus pools the contexts of the given files (plus ``--corpus-from`` files)
+and is indexed with BM25 (or ``--retriever dense``). Direct-R always runs;
+EfficientRAG runs when ``--labeler`` and ``--filter`` are given; SearChain needs
+a reader checkpoint (``--reader``, default checkpoints/reader-minilm) and is
+skipped with a note when there is none.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+LLM_METHODS = ["direct-llm", "cot", "decompose-r", "iter-retgen", "self-ask", "ircot", "searchain", "mcr"]
+COLUMNS = ["method", "dataset", "n", "recall", "avg_chunks", "em", "f1", "llm_calls", "prompt_tokens",
+           "completion_tokens", "parse_failures", "latency_s"]
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--questions", nargs="+", required=True, help="dev files (original formats)")
+    ap.add_argument("--limit", type=int, default=5, help="first N questions of each file")
+    ap.add_argument("--llm", default="default", help="LLM spec (default: SmolLM2 GGUF in process)")
+    ap.add_argument("--methods", nargs="+", default=["direct-r", *LLM_METHODS, "efficientrag"])
+    ap.add_argument("--k", type=int, default=None, help="chunks per retrieval (default: each method's own)")
+    ap.add_argument("--retriever", choices=["bm25", "dense"], default="bm25")
+    ap.add_argument("--corpus-from", nargs="*", default=[], help="extra files whose contexts join the corpus")
+    ap.add_argument("--reader", default="checkpoints/reader-minilm", help="SearChain reader checkpoint")
+    ap.add_argument("--labeler", help="EfficientRAG Labeler checkpoint")
+    ap.add_argument("--filter", help="EfficientRAG Filter checkpoint")
+    ap.add_argument("--method-opts", default="{}", help='JSON: {"ircot": {"reader": "cot"}, ...}')
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--output", required=True, type=Path)
+    return ap.parse_args(argv)
+
+
+def build(name: str, retriever, llm, dataset: str, args, extra: dict):
+    from effrag.pipelines import build_pipeline
+    from effrag.pipelines.generation import Generator
+
+    k = {"k": args.k} if args.k else {}
+    if name == "direct-r":
+        return build_pipeline(name, retriever, k=args.k or 10, generator=Generator(llm, dataset=dataset), **extra)
+    if name == "efficientrag":
+        return build_pipeline(name, retriever, labeler=args.labeler, filter=args.filter,
+                              generator=Generator(llm, dataset=dataset), **k, **extra)
+    if name == "searchain":
+        extra = {"reader": args.reader, **extra}
+    return build_pipeline(name, retriever, llm=llm, dataset=dataset, seed=args.seed, **k, **extra)
+
+
+def summarise(entry: dict, pred_path: Path) -> dict:
+    rows = [json.loads(line) for line in pred_path.read_text().splitlines() if line.strip()]
+    pf = [r.get("parse_failures", 0) for r in rows]
+    return {**{c: entry.get(c) for c in COLUMNS}, "parse_failures": sum(pf) / max(1, len(pf)),
+            "cover_em": entry.get("cover_em"), "iterations": entry.get("iterations")}
+
+
+def fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from effrag.data import build_corpus, load_questions, map_gold
+    from effrag.evaluation import evaluate
+    from effrag.llm import load_llm
+    from effrag.retrieval import build_retriever
+
+    method_opts = json.loads(args.method_opts)
+    files = [Path(f) for f in args.questions]
+    corpus = build_corpus([*files, *map(Path, args.corpus_from)])
+    retriever = build_retriever(args.retriever, corpus)
+    llm = load_llm(args.llm)
+    args.output.mkdir(parents=True, exist_ok=True)
+    table, notes = [], []
+    for f in files:
+        questions = load_questions(f, limit=args.limit)
+        gold = map_gold(questions, corpus)
+        dataset = questions[0].dataset
+        for name in args.methods:
+            if name == "efficientrag" and not (args.labeler and args.filter):
+                notes.append("efficientrag skipped: give --labeler and --filter")
+                continue
+            if name == "searchain" and not Path(args.reader).is_dir():
+                notes.append(f"searchain skipped: no reader checkpoint at {args.reader}")
+                continue
+            extra = method_opts.get(name, {})
+            pipeline = build(name, retriever, llm, dataset, args, extra)
+            out = args.output / dataset / name
+            config = {"method": name, "dataset": dataset, "questions": str(f.resolve()), "limit": args.limit,
+                      "llm": args.llm, "retriever": args.retriever, "corpus_fingerprint": corpus.fingerprint(),
+                      "k": args.k, "method_options": extra}
+            t0 = time.perf_counter()
+            entry = evaluate(pipeline, questions, gold, out, config, ks=None, seed=args.seed)[0]
+            row = summarise(entry, out / "predictions.jsonl")
+            table.append(row)
+            print(f"{dataset:9s} {name:12s} " + " ".join(f"{c}={fmt(row[c])}" for c in COLUMNS[2:])
+                  + f" (wall {time.perf_counter() - t0:.0f}s)", file=sys.stderr)
+    notes = sorted(set(notes))
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(fmt(r[c]) for c in COLUMNS) + " |" for r in table]
+    md = "\n".join(lines) + "\n" + "".join(f"\n- {n}" for n in notes) + "\n"
+    (args.output / "bench.md").write_text(md)
+    (args.output / "bench.json").write_text(json.dumps({"config": {k: str(v) if isinstance(v, Path) else v
+                                                                   for k, v in vars(args).items()},
+                                                        "rows": table, "notes": notes}, indent=2))
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,15 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+from effrag.cli import positive_int as _positive_int
 
 
 def add_synthesize_parser(subparsers) -> argparse.ArgumentParser:

@@ -211,8 +211,12 @@ def _cmd_eval(args) -> None:
         gold = [g + by_q.get(q.id, []) for q, g in zip(questions, gold)]
     method_opts = {d: getattr(args, d) for d in args.method_opts}
     llm_opts = {}
+    import inspect
+
+    if "dataset" in inspect.signature(cls.__init__).parameters and "dataset" not in method_opts:
+        llm_opts["dataset"] = questions[0].dataset  # few-shot prompts per dataset
     if args.llm is not None and "llm" not in method_opts:
-        llm_opts = _llm_option(cls, args.llm, questions[0].dataset)
+        llm_opts.update(_llm_option(cls, args.llm, questions[0].dataset))
     pipeline = build_pipeline(args.method, retriever, k=max(ks), **method_opts, **llm_opts)
     out = Path(args.output)
     if args.overwrite and out.exists():
@@ -233,6 +237,8 @@ def _cmd_eval(args) -> None:
         write_report_plot([out], out)
     except ImportError:
         pass
+    except ValueError as e:  # e.g. a method that retrieved nothing: metrics are written, only the plot is skipped
+        print(f"effrag: note: no plot ({e})", file=sys.stderr)
     print(f"wrote {out / 'predictions.jsonl'}, metrics.json, metrics.md")
 
 

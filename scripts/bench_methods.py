@@ -4,7 +4,8 @@ For each dataset file and method this runs :func:`effrag.evaluation.evaluate`
 (resumable: predictions are appended per question under
 ``OUT/<dataset>/<method>/``) and writes one table of recall, chunks, EM/F1, LLM
 calls, tokens, parse failures and latency per question to ``OUT/bench.md`` and
-``OUT/bench.json`` (with the run config).
+``OUT/bench.json`` (with the run config). ``cpu_s`` is process CPU time per question
+(the in-process LLM included), the number to plan runs with on shared cores.
 
     python scripts/bench_methods.py --questions /work/shared/data/hotpotqa/dev.jsonl --limit 5 \
         --llm default --output runs/bench-smollm2
@@ -28,7 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 LLM_METHODS = ["direct-llm", "cot", "decompose-r", "iter-retgen", "self-ask", "ircot", "searchain", "mcr"]
 COLUMNS = ["method", "dataset", "n", "recall", "avg_chunks", "em", "f1", "llm_calls", "prompt_tokens",
-           "completion_tokens", "parse_failures", "latency_s"]
+           "completion_tokens", "parse_failures", "latency_s", "cpu_s"]
 
 
 def parse_args(argv=None):
@@ -64,11 +65,29 @@ def build(name: str, retriever, llm, dataset: str, args, extra: dict):
     return build_pipeline(name, retriever, llm=llm, dataset=dataset, seed=args.seed, **k, **extra)
 
 
+class CPUTimed:
+    """Adds ``cpu_s`` (process CPU seconds per question, LLM included when in process) to each output:
+    unlike wall latency it does not depend on what else shares the cores."""
+
+    slice_k = False
+
+    def __init__(self, pipeline):
+        self.pipeline, self.name = pipeline, pipeline.name
+
+    def run_batch(self, questions: list[str]) -> list[dict]:
+        c0 = time.process_time()
+        outs = self.pipeline.run_batch(questions)
+        per_q = (time.process_time() - c0) / max(1, len(questions))
+        return [{**o, "cpu_s": round(per_q, 3)} for o in outs]
+
+
 def summarise(entry: dict, pred_path: Path) -> dict:
     rows = [json.loads(line) for line in pred_path.read_text().splitlines() if line.strip()]
-    pf = [r.get("parse_failures", 0) for r in rows]
-    return {**{c: entry.get(c) for c in COLUMNS}, "parse_failures": sum(pf) / max(1, len(pf)),
-            "cover_em": entry.get("cover_em"), "iterations": entry.get("iterations")}
+    def mean(key):
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        return sum(vals) / len(vals) if vals else None
+    return {**{c: entry.get(c) for c in COLUMNS}, "parse_failures": mean("parse_failures") or 0.0,
+            "cpu_s": mean("cpu_s"), "cover_em": entry.get("cover_em"), "iterations": entry.get("iterations")}
 
 
 def fmt(v) -> str:
@@ -111,7 +130,7 @@ def main(argv=None) -> int:
                       "llm": args.llm, "retriever": args.retriever, "corpus_fingerprint": corpus.fingerprint(),
                       "k": args.k, "method_options": extra}
             t0 = time.perf_counter()
-            entry = evaluate(pipeline, questions, gold, out, config, ks=None, seed=args.seed)[0]
+            entry = evaluate(CPUTimed(pipeline), questions, gold, out, config, ks=None, seed=args.seed)[0]
             row = summarise(entry, out / "predictions.jsonl")
             table.append(row)
             print(f"{dataset:9s} {name:12s} " + " ".join(f"{c}={fmt(row[c])}" for c in COLUMNS[2:])

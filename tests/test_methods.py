@@ -381,3 +381,10 @@ def test_method_runs_with_real_llm(name, smollm, bm25, hotpot_dev, reader):
     else:
         assert res["retrieved"] and len(res["retrieved"]) <= 15
     json.dumps(res)  # predictions.jsonl rows must serialise
+
+
+def test_searchain_without_query_nodes_answers_from_the_generation(handmade, reader):
+    llm = Replay(["I think the answer is: Toronto Coach Terminal."])
+    res = _searchain(handmade, reader, llm=llm).run("Where do greyhound buses in Toronto leave from?")
+    assert res["llm_calls"] == 1 and res["retrieved"] == []  # nothing to verify, no tracing call
+    assert res["answer"] == "Toronto Coach Terminal" and res["parse_failures"] == 2

@@ -22,6 +22,7 @@ import math
 import random
 import re
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -307,8 +308,10 @@ def train_reader(train_files: Sequence[str | Path], out_dir: str | Path, *, base
     total = min(max_steps or 10**9, steps_per_epoch * epochs)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, total // 10))
                                               * max(0.0, 1 - s / max(1, total)))
-    for _ in range(step):
-        sched.step()
+    with warnings.catch_warnings():  # replaying the schedule of a resumed run, before any optimizer step
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(step):
+            sched.step()
     t0, losses, start = time.time(), [], step
 
     def checkpoint() -> None:

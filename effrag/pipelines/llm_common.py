@@ -252,7 +252,7 @@ def resolve_llm(llm: Any):
     return llm
 
 
-def prompt_dataset(dataset: str | None) -> str | None:
+def canonical_dataset(dataset: str | None) -> str | None:
     if dataset is None:
         return None
     from effrag.data.loaders import _ALIASES
@@ -268,14 +268,16 @@ class LLMMethod(Pipeline):
     default_max_tokens = 128
 
     def __init__(self, retriever=None, k: int = 5, llm: Any = "default", dataset: str | None = None,
-                 max_tokens: int | None = None, temperature: float = 0.0, seed: int = 0):
+                 max_tokens: int | None = None, temperature: float = 0.0, seed: int = 0,
+                 prompt_dataset: str | None = None):
         if k <= 0:
             raise ValueError(f"k must be positive, got {k}")
         if self.retrieves and retriever is None:
             raise ValueError(f"method {self.name!r} needs a retriever")
         self.retriever, self.k = retriever, k
         self.llm = resolve_llm(llm)
-        self.dataset = prompt_dataset(dataset)
+        # few-shot set: --prompt-dataset if given, else the questions' dataset, else each file's fallback
+        self.dataset = canonical_dataset(prompt_dataset or dataset)
         self.max_tokens = max_tokens or self.default_max_tokens
         self.temperature, self.seed = temperature, seed
 
@@ -309,8 +311,9 @@ def add_llm_args(parser) -> None:
         parser.add_argument("--llm", default="default", metavar="SPEC",
                             help="LLM spec: default (SmolLM2 GGUF), gguf:PATH or openai:URL#MODEL")
     if "--prompt-dataset" not in have:
-        parser.add_argument("--prompt-dataset", dest="dataset", default=None, choices=PROMPT_DATASETS,
-                            help="whose few-shot examples to use (default: the file's fallback set)")
+        parser.add_argument("--prompt-dataset", default=None, choices=PROMPT_DATASETS,
+                            help="whose few-shot examples to use (default: the questions' dataset if the "
+                                 "caller passes it, else the prompt file's fallback set)")
     if "--max-tokens" not in have:
         parser.add_argument("--max-tokens", type=int, default=None,
                             help="generation cap per LLM call (default: the method's)")

@@ -61,6 +61,7 @@ class Feedback:
 class CoQ:
     nodes: list[Node] = field(default_factory=list)
     final_content: str | None = None
+    raw: str = ""
 
 
 def _strip(s: str) -> str:
@@ -69,7 +70,7 @@ def _strip(s: str) -> str:
 
 def parse_coq(text: str) -> CoQ:
     """Nodes of a Chain-of-Query generation; the template's "If you (don't) know" lines are ignored."""
-    coq = CoQ()
+    coq = CoQ(raw=text or "")
     for raw in (text or "").splitlines():
         m = _LINE.match(raw.strip())
         if not m:
@@ -229,7 +230,12 @@ class SearChain(LLMMethod):
             return m.group(0)
 
         answer, ok = extract_answer(_MARK.sub("", content))
-        if not ok:  # fall back to the last CoQ's own final content, then to the last recorded node
+        if not ok:  # fall back to the last CoQ's final content, the last recorded node, the last generation
             alt, alt_ok = extract_answer(_MARK.sub("", coq.final_content)) if coq.final_content else ("", False)
-            answer = alt if alt_ok else (record[-1].recorded_answer if record else answer)
+            if alt_ok:
+                answer = alt
+            elif record:
+                answer = record[-1].recorded_answer
+            else:
+                answer = extract_answer(_MARK.sub("", coq.raw))[0]
         return answer, _MARK.sub(ref, content), refs, ok

@@ -67,21 +67,11 @@ def run_synthesize(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m data_synthesis.cli ...`` is ``effrag synthesize ...`` (same parser, errors and exit codes)."""
+    from effrag.cli import main as effrag_main
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] != ["synthesize"]:
-        argv = ["synthesize", *argv]
-    parser = argparse.ArgumentParser(prog="python -m data_synthesis.cli")
-    add_synthesize_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        args.func(args)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"effrag: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("effrag: interrupted (rerun the same command to resume)", file=sys.stderr)
-        return 130
-    return 0
+    return effrag_main(argv if argv[:1] == ["synthesize"] else ["synthesize", *argv])
 
 
 if __name__ == "__main__":

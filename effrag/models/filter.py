@@ -5,15 +5,10 @@ order, are the next query. Paper §3.3.
 """
 from __future__ import annotations
 
-import logging
-
 import torch
 
-from .heads import EncoderWithHeads, TaggerOutput, TokenHead
-from .tokenization import encode_singles, length_batches, pad_batch
-
-log = logging.getLogger(__name__)
-
+from .heads import EncoderWithHeads, TaggerOutput, TokenHead, predict_batches
+from .tokenization import encode_singles
 
 class FilterModel(EncoderWithHeads):
     model_type = "filter"
@@ -46,23 +41,7 @@ class FilterModel(EncoderWithHeads):
         """Keep probability per word for each word list (words cut by ``max_length`` get 0)."""
         encoded = self.encode([list(w) for w in words], max_length=max_length)
         results: list = [None] * len(encoded)
-        was_training = self.training
-        self.eval()
-        device = self.device
-        try:
-            for idx in length_batches([len(e.input_ids) for e in encoded], batch_size):
-                batch = pad_batch([encoded[i].features() for i in idx], self.tokenizer.pad_token_id)
-                batch.pop("labels")
-                batch = {k: v.to(device) for k, v in batch.items()}
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                    out = self(**batch)
-                p_tok = out.token_logits.float().softmax(-1)[..., 1].cpu()
-                for row, i in enumerate(idx):
-                    results[i] = [float(p_tok[row, p]) if p >= 0 else 0.0 for p in encoded[i].word_positions]
-        finally:
-            self.train(was_training)
+        for i, _row, _out, probs in predict_batches(self, encoded, batch_size, bf16, "filter"):
+            results[i] = probs
         truncated = [e.truncated for e in encoded]
-        if any(truncated):
-            log.warning("filter: %d of %d inputs truncated at max_length, %d words got probability 0",
-                        sum(t > 0 for t in truncated), len(truncated), sum(truncated))
         return (results, truncated) if return_truncated else results

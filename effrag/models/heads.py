@@ -18,6 +18,7 @@ DDP's gradient bucketing.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -236,6 +237,40 @@ class EncoderWithHeads(nn.Module):
             "training": self.training_config,
         }
         (path / CONFIG_NAME).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+
+
+def predict_batches(model: "EncoderWithHeads", encoded: list, batch_size: int, bf16: bool, what: str):
+    """Run ``model`` over encoded items in length-sorted batches under inference mode.
+
+    Yields ``(item_index, row, output, word_probs)`` for each item, where ``word_probs``
+    is the keep probability of each input word (0 for words cut by ``max_length``),
+    then logs how many items were truncated. Callers run it under ``torch.inference_mode``.
+    Shared by every word-labelling model's ``predict`` so eval mode, batching, bf16
+    autocast and truncation accounting live in one place.
+    """
+    from .tokenization import length_batches, pad_batch
+
+    was_training = model.training
+    model.eval()
+    device = model.device
+    try:
+        for idx in length_batches([len(e.input_ids) for e in encoded], batch_size):
+            batch = pad_batch([encoded[i].features() for i in idx], model.tokenizer.pad_token_id)
+            batch.pop("labels")
+            batch = {k: v.to(device) for k, v in batch.items()}
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                out = model(**batch)
+            p_tok = out.token_logits.float().softmax(-1)[..., 1].cpu()
+            for row, i in enumerate(idx):
+                probs = [float(p_tok[row, p]) if p >= 0 else 0.0 for p in encoded[i].word_positions]
+                yield i, row, out, probs
+    finally:
+        model.train(was_training)
+    truncated = [e.truncated for e in encoded]
+    if any(truncated):
+        logging.getLogger(type(model).__module__).warning(
+            "%s: %d of %d inputs truncated at max_length, %d words got probability 0",
+            what, sum(t > 0 for t in truncated), len(truncated), sum(truncated))
 
 
 def read_effrag_config(path: str | Path) -> dict:

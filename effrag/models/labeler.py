@@ -6,17 +6,12 @@ the chunk <Continue> (1, it helps answer the query) or <Terminate> (0). Paper §
 """
 from __future__ import annotations
 
-import logging
-
 import torch
 from torch import nn
 
 from ..text import words_batch
-from .heads import ChunkHead, EncoderWithHeads, TaggerOutput, TokenHead
-from .tokenization import encode_pairs, length_batches, pad_batch
-
-log = logging.getLogger(__name__)
-
+from .heads import ChunkHead, EncoderWithHeads, TaggerOutput, TokenHead, predict_batches
+from .tokenization import encode_pairs
 
 class LabelerModel(EncoderWithHeads):
     model_type = "labeler"
@@ -60,25 +55,7 @@ class LabelerModel(EncoderWithHeads):
             raise ValueError(f"{len(queries)} queries for {len(chunks)} chunks")
         encoded = self.encode(words_batch(list(queries)), [list(c) for c in chunks], max_length=max_length)
         results: list = [None] * len(encoded)
-        was_training = self.training
-        self.eval()
-        device = self.device
-        try:
-            for idx in length_batches([len(e.input_ids) for e in encoded], batch_size):
-                batch = pad_batch([encoded[i].features() for i in idx], self.tokenizer.pad_token_id)
-                batch.pop("labels")
-                batch = {k: v.to(device) for k, v in batch.items()}
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                    out = self(**batch)
-                p_tok = out.token_logits.float().softmax(-1)[..., 1].cpu()
-                p_tag = out.tag_logits.float().softmax(-1)[:, 1].cpu()
-                for row, i in enumerate(idx):
-                    probs = [float(p_tok[row, p]) if p >= 0 else 0.0 for p in encoded[i].word_positions]
-                    results[i] = (float(p_tag[row]), probs)
-        finally:
-            self.train(was_training)
+        for i, row, out, probs in predict_batches(self, encoded, batch_size, bf16, "labeler"):
+            results[i] = (float(out.tag_logits[row].float().softmax(-1)[1]), probs)
         truncated = [e.truncated for e in encoded]
-        if any(truncated):
-            log.warning("labeler: %d of %d chunks truncated at max_length, %d words got probability 0",
-                        sum(t > 0 for t in truncated), len(truncated), sum(truncated))
         return (results, truncated) if return_truncated else results

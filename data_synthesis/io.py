@@ -86,10 +86,11 @@ def _dumps(rec: dict[str, Any]) -> str:
 class ResumableWriter:
     """Append finished questions to ``out_dir``; skip them on a rerun via :attr:`done_ids`."""
 
-    def __init__(self, out_dir: str | Path, *, write_delay: float | None = None):
+    def __init__(self, out_dir: str | Path, *, write_delay: float | None = None, files: tuple[str, ...] = FILES):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.paths = {name: self.out_dir / f"{name}.jsonl" for name in (*FILES, DONE)}
+        self.files = tuple(files)
+        self.paths = {name: self.out_dir / f"{name}.jsonl" for name in (*self.files, DONE)}
         self.write_delay = float(os.environ.get(WRITE_DELAY_ENV, 0)) if write_delay is None else write_delay
         self.recovered = {"partial_lines": 0, "orphan_records": 0}
         self.done_ids: set[str] = set()
@@ -103,7 +104,7 @@ class ResumableWriter:
                 self.recovered["partial_lines"] += int(_truncate_partial_line(p) > 0)
         for rec in read_jsonl(self.paths[DONE]):
             self.done_ids.add(item_key(rec["dataset"], rec["qid"]))
-        for name in FILES:
+        for name in self.files:
             self._drop_orphans(self.paths[name])
 
     def _drop_orphans(self, path: Path) -> None:
@@ -145,7 +146,17 @@ class ResumableWriter:
     def write_item(self, dataset: str, qid: str, *, labeler: list[dict] = (), filters: list[dict] = (),
                    rejects: list[dict] = (), status: str = "ok", notes: dict | None = None) -> None:
         """Persist every record of one finished question, then its done marker."""
-        for name, recs in (("labeler", labeler), ("filter", filters), ("rejects", rejects)):
+        self.write_records(dataset, qid, {"labeler": labeler, "filter": filters, "rejects": rejects},
+                           status=status, notes=notes)
+
+    def write_records(self, dataset: str, qid: str, records: dict[str, Iterable[dict]], *, status: str = "ok",
+                      notes: dict | None = None) -> None:
+        """Persist one finished question's records (file name -> records), then its done marker."""
+        records = {name: list(recs) for name, recs in records.items()}
+        unknown = set(records) - set(self.files)
+        if unknown:
+            raise ValueError(f"no output file(s) {sorted(unknown)} in this writer; files: {list(self.files)}")
+        for name, recs in records.items():
             for r in recs:
                 if r.get("qid") != qid or r.get("dataset") != dataset:
                     raise ValueError(f"{name} record tagged {r.get('dataset')}/{r.get('qid')} "
@@ -154,7 +165,7 @@ class ResumableWriter:
         if self.write_delay:
             time.sleep(self.write_delay)
         marker = {"qid": qid, "dataset": dataset, "status": status,
-                  "labeler": len(labeler), "filter": len(filters)}
+                  **{name: len(recs) for name, recs in records.items() if name != "rejects"}}
         if notes:
             marker["notes"] = notes
         self._append(DONE, [marker])

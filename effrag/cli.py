@@ -29,6 +29,7 @@ SUBCOMMANDS: list[str] = [
     "data_synthesis.cli:add_synthesize_parser",
     "effrag.quickstart:add_quickstart_parser",
     "effrag.serve:add_serve_parser",
+    "effrag.irrr.cli:add_irrr_data_parser",
 ]
 EXIT_USAGE = 2
 
@@ -77,6 +78,8 @@ def _add_retriever_args(p, required: bool) -> None:
     p.add_argument("--encoder", metavar="PATH", help="local HF encoder folder (default: all-MiniLM-L6-v2)")
     p.add_argument("--index-type", choices=["flat", "ivf", "hnsw"], default="flat", help="FAISS index (dense)")
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast for encoding (~3x faster on CPU)")
+    p.add_argument("--bm25-article", action="store_true",
+                   help="BM25 plus IRRR's article score (IDF^2, b=0 over each title's paragraphs; Appendix B)")
 
 
 def add_index_parser(sub) -> None:
@@ -90,7 +93,12 @@ def add_index_parser(sub) -> None:
 
 
 def _retriever_opts(args) -> dict:
-    return {"index_type": args.index_type} if args.retriever != "bm25" else {}
+    opts = {"index_type": args.index_type} if args.retriever != "bm25" else {}
+    if getattr(args, "bm25_article", False):
+        if args.retriever == "dense":
+            raise ValueError("--bm25-article needs --retriever bm25 or hybrid")
+        opts["article"] = True
+    return opts
 
 
 def _cmd_index_build(args) -> None:

@@ -42,6 +42,7 @@ def add_setup_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", metavar="DIR", help="a saved index (effrag index build)")
     p.add_argument("--retriever", choices=["dense", "bm25", "hybrid"], default="dense")
     p.add_argument("--cache-dir", type=Path, default=None, help="index cache (default: effrag's)")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast for the dense encoder (as `effrag eval --bf16`)")
     EfficientRAGPipeline.add_args(p)
 
 
@@ -65,7 +66,7 @@ def setup(args):
     else:
         corpus = Corpus.from_jsonl(args.corpus) if args.corpus else build_corpus([*args.corpus_from, args.questions],
                                                                                  args.dataset)
-        retriever = cached_retriever(args.retriever, corpus, args.cache_dir or _default_cache())
+        retriever = cached_retriever(args.retriever, corpus, args.cache_dir or _default_cache(), bf16=args.bf16)
     gold, rep = map_gold(questions, corpus, report=True)
     missing: dict[str, list[str]] = {}
     for qid, title in rep.missing:  # counted as not retrieved, as in `effrag eval`

@@ -47,6 +47,8 @@ def parse_args(argv=None):
     ap.add_argument("--method-opts", default="{}", help='JSON: {"ircot": {"reader": "cot"}, ...}')
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output", required=True, type=Path)
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: tabulate the finished OUT/<dataset>/<method> runs (e.g. of a stopped bench)")
     return ap.parse_args(argv)
 
 
@@ -98,8 +100,35 @@ def fmt(v) -> str:
     return str(v)
 
 
+def write_report(args, table: list[dict], notes: list[str]) -> str:
+    notes = sorted(set(notes))
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(fmt(r[c]) for c in COLUMNS) + " |" for r in table]
+    md = "\n".join(lines) + "\n" + "".join(f"\n- {n}" for n in notes) + "\n"
+    (args.output / "bench.md").write_text(md)
+    (args.output / "bench.json").write_text(json.dumps({"config": {k: str(v) if isinstance(v, Path) else v
+                                                                   for k, v in vars(args).items()},
+                                                        "rows": table, "notes": notes}, indent=2))
+    return md
+
+
+def report_only(args) -> int:
+    table, notes = [], []
+    for ds_dir in sorted(p for p in args.output.iterdir() if p.is_dir()):
+        for name in args.methods:
+            m = ds_dir / name / "metrics.json"
+            if not m.is_file():
+                notes.append(f"{ds_dir.name} {name}: not run (no metrics.json)")
+                continue
+            table.append(summarise(json.loads(m.read_text())[0], ds_dir / name / "predictions.jsonl"))
+    print(write_report(args, table, notes))
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.report_only:
+        return report_only(args)
     from effrag.data import build_corpus, load_questions, map_gold
     from effrag.evaluation import evaluate
     from effrag.llm import load_llm
@@ -135,15 +164,7 @@ def main(argv=None) -> int:
             table.append(row)
             print(f"{dataset:9s} {name:12s} " + " ".join(f"{c}={fmt(row[c])}" for c in COLUMNS[2:])
                   + f" (wall {time.perf_counter() - t0:.0f}s)", file=sys.stderr)
-    notes = sorted(set(notes))
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(fmt(r[c]) for c in COLUMNS) + " |" for r in table]
-    md = "\n".join(lines) + "\n" + "".join(f"\n- {n}" for n in notes) + "\n"
-    (args.output / "bench.md").write_text(md)
-    (args.output / "bench.json").write_text(json.dumps({"config": {k: str(v) if isinstance(v, Path) else v
-                                                                   for k, v in vars(args).items()},
-                                                        "rows": table, "notes": notes}, indent=2))
-    print(md)
+    print(write_report(args, table, notes))
     return 0
 
 

@@ -4,6 +4,7 @@
     nice python scripts/train_models.py --name all --processes 2         # 2 gloo processes on CPU
     python scripts/train_models.py --name all --paper --launch-args "--multi_gpu --num_processes 4"
     python scripts/train_models.py --name all -- --data.max_train_examples 3000   # overrides for both
+    python scripts/train_models.py --name hotpotqa --synth runs/synth/train_hotpotqa  # per-dataset data
 
 Each model trains with ``accelerate launch train.py`` into runs/train/<name>/<role>; a run that
 stopped resumes from its latest checkpoint, a finished run is reused (``--force`` retrains).
@@ -103,6 +104,7 @@ def main() -> int:
     p.add_argument("--launch-args", default="", help="raw accelerate launch arguments (GPU/DeepSpeed setups)")
     p.add_argument("--paper", action="store_true", help="use configs/*_paper.yaml (DeBERTa-v3-large; GPUs)")
     p.add_argument("--force", action="store_true", help="retrain even if the run finished")
+    p.add_argument("--synth", metavar="DIR", help="synthesis output dir: trains on DIR/labeler.jsonl and DIR/filter.jsonl")
     p.add_argument("overrides", nargs=argparse.REMAINDER, help="after --: overrides passed to both trainings")
     args = p.parse_args()
     extra = [a for a in args.overrides if a != "--"]
@@ -112,7 +114,8 @@ def main() -> int:
         out_dir = REPO / "runs" / "train" / args.name / role
         if args.force:
             shutil.rmtree(out_dir, ignore_errors=True)
-        cmd, env = launch_command(args, role, out_dir, extra)
+        role_extra = (["--data.train_file", str(Path(args.synth) / f"{role}.jsonl")] if args.synth else []) + extra
+        cmd, env = launch_command(args, role, out_dir, role_extra)
         wall = None
         if not (out_dir / "results.json").is_file():
             print("+", shlex.join(cmd), flush=True)

@@ -159,6 +159,21 @@ def test_train_labeler_evaluates_saves_best_and_last(tiny, tmp_path):
     assert json.loads((out / "eval_metrics.json").read_text())["model"] == str(out / "last")
 
 
+def test_continue_from_saved_model_keeps_encoder_and_heads_with_new_options(tiny, tmp_path):
+    from effrag.training.loop import build_model
+    from effrag.training.tasks import get_task
+
+    first = LabelerModel.from_encoder(tiny["base"], {"max_length": 32})
+    torch.nn.init.normal_(first.chunk_head.proj.weight)  # heads a fresh model would not have
+    first.save_pretrained(tmp_path / "saved")
+    cfg = load_config(None, tiny_overrides(tiny, "labeler", tmp_path / "run", model__name_or_path=str(tmp_path / "saved"),
+                                           model__token_class_weights=[1.0, 4.0]))
+    model = build_model(get_task("labeler"), cfg)
+    saved = first.state_dict()
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+    assert model.token_class_weights.tolist() == [1.0, 4.0]  # this run's options, not the saved ones
+
+
 def _weights(d: Path) -> dict:
     from safetensors.torch import load_file
 

@@ -1,4 +1,4 @@
-"""EfficientRAG models: Labeler (token + chunk heads) and Filter (token head) on any HF encoder.
+"""effrag models on any HF encoder: EfficientRAG's Labeler (token + chunk heads) and Filter (token head), IRRR.
 
 ``load_model(dir)`` opens any effrag checkpoint directory by its ``effrag_config.json``.
 """
@@ -8,10 +8,11 @@ from pathlib import Path
 
 from .filter import FilterModel
 from .heads import CONFIG_NAME, ENCODER_ALIASES, EncoderWithHeads, read_effrag_config, resolve_encoder
+from .irrr import IRRRModel
 from .labeler import LabelerModel
 from .tokenization import IGNORE, encode_pairs, encode_singles, pad_batch
 
-MODEL_TYPES: dict[str, type[EncoderWithHeads]] = {"labeler": LabelerModel, "filter": FilterModel}
+MODEL_TYPES: dict[str, type[EncoderWithHeads]] = {"labeler": LabelerModel, "filter": FilterModel, "irrr": IRRRModel}
 
 
 def register_model(cls: type[EncoderWithHeads]) -> type[EncoderWithHeads]:
@@ -30,6 +31,6 @@ def load_model(path: str | Path, **kwargs) -> EncoderWithHeads:
 
 
 __all__ = [
-    "LabelerModel", "FilterModel", "EncoderWithHeads", "load_model", "register_model", "MODEL_TYPES",
+    "LabelerModel", "FilterModel", "IRRRModel", "EncoderWithHeads", "load_model", "register_model", "MODEL_TYPES",
     "resolve_encoder", "ENCODER_ALIASES", "encode_pairs", "encode_singles", "pad_batch", "IGNORE",
 ]

@@ -42,17 +42,24 @@ class BM25Retriever:
 
     Passages sharing no term with the query score 0 and are not returned, so a
     query may get fewer than ``k`` hits.
+
+    ``article=True`` adds IRRR's article score (Qi et al., 2021, Appendix B): every
+    passage also gets the score of its whole article (all passages with its title,
+    concatenated) under BM25 with squared, non-negative IDF and no length
+    normalisation (b = 0), so rare terms anywhere in the article lift its paragraphs.
     """
 
     kind = "bm25"
 
     def __init__(self, corpus, k1: float = 1.2, b: float = 0.75, stopwords: str | None = "en",
-                 stemmer: str | None = "auto", show_progress: bool = True, _model=None):
+                 stemmer: str | None = "auto", article: bool = False, show_progress: bool = True, _model=None):
         import bm25s
 
         self.corpus = corpus
         self._passages = corpus.passages
         self.opts = {"k1": k1, "b": b, "stopwords": stopwords, "stemmer": resolve_stemmer(stemmer)}
+        if article:
+            self.opts["article"] = True
         self._stemmer = _make_stemmer(self.opts["stemmer"])
         if _model is None:
             tokens = bm25s.tokenize([f"{p.title} {p.text}" for p in self._passages],
@@ -61,6 +68,35 @@ class BM25Retriever:
             _model = bm25s.BM25(k1=k1, b=b)
             _model.index(tokens, show_progress=show_progress)
         self._model = _model
+        self._article = self._article_index() if article else None
+
+    def _article_index(self):
+        """(weights [articles x vocab] CSC, passage -> article row) for the Appendix-B article score."""
+        import numpy as np
+        from scipy import sparse
+
+        vocab = self._model.vocab_dict
+        rows: dict[str, int] = {}
+        of_passage = np.array([rows.setdefault(p.title, len(rows)) for p in self._passages])
+        texts = [""] * len(rows)
+        for p, r in zip(self._passages, of_passage):
+            texts[r] += f" {p.text}"
+        for title, r in rows.items():
+            texts[r] = f"{title} {texts[r]}"
+        counts = sparse.lil_matrix((len(rows), len(vocab)), dtype=np.float32)
+        for r, toks in enumerate(self._tokenize(texts)):
+            for t in toks:
+                if t in vocab:
+                    counts[r, vocab[t]] += 1
+        counts = counts.tocsc()
+        n_docs = counts.shape[0]
+        df = np.diff(counts.indptr).astype(np.float64)
+        idf = np.maximum(0.0, np.log((n_docs - df + 0.5) / (df + 0.5)))
+        k1 = self.opts["k1"]
+        w = counts.copy()
+        w.data = w.data * (1 + k1) / (w.data + k1)
+        w = w @ sparse.diags((idf ** 2).astype(np.float32))
+        return w.tocsc(), of_passage
 
     def _tokenize(self, queries: list[str]) -> list[list[str]]:
         import bm25s
@@ -73,6 +109,8 @@ class BM25Retriever:
             raise ValueError(f"k must be positive, got {k}")
         if not queries:
             return []
+        if self._article is not None:
+            return [self._search_full(q, k) for q in queries]
         rows, scores = self._model.retrieve(self._tokenize(queries), k=min(k, len(self._passages)),
                                             show_progress=False, n_threads=1)
         out = []
@@ -85,6 +123,37 @@ class BM25Retriever:
                 hits.append(Hit(id=p.id, title=p.title, text=p.text, score=float(s)))
             out.append(hits)
         return out
+
+    def _search_full(self, query: str, k: int) -> list[Hit]:
+        import numpy as np
+
+        s = self.scores(query)
+        k = min(k, len(s))
+        top = np.argpartition(-s, k - 1)[:k]
+        hits = []
+        for i in top[np.argsort(-s[top], kind="stable")]:
+            if s[i] <= 0:
+                break
+            p = self._passages[int(i)]
+            hits.append(Hit(id=p.id, title=p.title, text=p.text, score=float(s[i])))
+        return hits
+
+    def scores(self, query: str):
+        """BM25 score of every passage, in corpus order, for one query (0 where no term is shared).
+
+        What an oracle needs to know the rank of one given passage, not just the top k.
+        """
+        import numpy as np
+
+        tokens = [t for t in self._tokenize([query])[0] if t in self._model.vocab_dict]
+        if not tokens:
+            return np.zeros(len(self._passages), dtype=np.float32)
+        scores = self._model.get_scores(tokens)
+        if self._article is not None:
+            weights, of_passage = self._article
+            ids = sorted({self._model.vocab_dict[t] for t in tokens})
+            scores = scores + np.asarray(weights[:, ids].sum(axis=1)).ravel()[of_passage]
+        return scores
 
     # ------------------------------------------------------------------ persistence
     def save(self, directory: str | Path, write_corpus: bool = True) -> Path:
@@ -107,4 +176,5 @@ class BM25Retriever:
                 raise ImportError(f"{d}: index was built with the {opts['stemmer']!r} stemmer; "
                                   "install PyStemmer to query it") from None
         model = bm25s.BM25.load(str(d / "bm25"), show_progress=False)
-        return cls(corpus, opts["k1"], opts["b"], opts["stopwords"], opts["stemmer"], _model=model)
+        return cls(corpus, opts["k1"], opts["b"], opts["stopwords"], opts["stemmer"], article=opts.get("article", False),
+                   _model=model)

@@ -24,7 +24,7 @@ KINDS = ("dense", "bm25", "hybrid")
 META = "index_meta.json"
 _DENSE_OPTS = {"index_type", "nlist", "nprobe", "hnsw_m", "ef_construction", "ef_search", "gpu",
                "shard_gpu", "batch_size", "cache_dir", "show_progress"}
-_BM25_OPTS = {"k1", "b", "stopwords", "stemmer", "show_progress"}
+_BM25_OPTS = {"k1", "b", "stopwords", "stemmer", "article", "show_progress"}
 _HYBRID_OPTS = {"k_rrf", "depth"}
 
 

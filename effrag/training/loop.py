@@ -63,10 +63,24 @@ def make_accelerator(cfg: Config):
     )
 
 
+def feature_length(f: dict) -> int:
+    """Tokens in a feature: one sequence's length, or a multi-sequence feature's own ``length`` (IRRR steps)."""
+    return f["length"] if "length" in f else len(f["input_ids"])
+
+
 def build_model(task: Task, cfg: Config):
     mc = cfg.model
     options = {"max_length": mc.max_length, "head_dropout": mc.head_dropout, "token_weight": mc.token_weight,
                "tag_weight": mc.tag_weight, "token_class_weights": mc.token_class_weights, **mc.extra_options}
+    if (Path(mc.name_or_path) / "effrag_config.json").is_file():
+        # continue from a saved model of this task: its encoder AND heads, with this run's options
+        saved = task.model_cls.from_pretrained(mc.name_or_path, attention_dropout=mc.attention_dropout,
+                                               hidden_dropout=mc.hidden_dropout)
+        model = task.model_cls(saved.encoder, saved.tokenizer, options)
+        model.load_state_dict(saved.state_dict())
+        if mc.gradient_checkpointing:
+            model.encoder.gradient_checkpointing_enable()
+        return model
     return task.model_cls.from_encoder(mc.name_or_path, options, attention_dropout=mc.attention_dropout,
                                        hidden_dropout=mc.hidden_dropout, gradient_checkpointing=mc.gradient_checkpointing)
 
@@ -79,7 +93,7 @@ def build_eval_dataset(task: Task, model, cfg: Config, files: list[str]) -> Feat
         return None
     groups, names = group_ids(records)
     feats = [{**x, "group": g} for x, g in zip(task.featurize(model, records, cfg.model.max_length), groups)]
-    feats.sort(key=lambda x: len(x["input_ids"]))  # metrics are sums: order is free, padding is not
+    feats.sort(key=feature_length)  # metrics are sums: order is free, padding is not
     return FeatureDataset(feats, names)
 
 
@@ -185,8 +199,8 @@ def train(cfg: Config) -> dict:
                      cfg.data.max_train_examples, tc.seed)
     train_ds = FeatureDataset(task.featurize(model, records, cfg.model.max_length))
     eval_ds = build_eval_dataset(task, model, cfg, cfg.data.eval_files)
-    collate = Collator(model.tokenizer.pad_token_id, task.pad_values)
-    sampler = LengthGroupedSampler([len(f["input_ids"]) for f in train_ds.features], tc.batch_size, tc.seed) \
+    collate = (task.collate or Collator)(model.tokenizer.pad_token_id, task.pad_values)
+    sampler = LengthGroupedSampler([feature_length(f) for f in train_ds.features], tc.batch_size, tc.seed) \
         if tc.group_by_length else None
     train_dl = DataLoader(train_ds, batch_size=tc.batch_size, shuffle=sampler is None, sampler=sampler,
                           collate_fn=collate, num_workers=tc.num_workers)
@@ -356,7 +370,7 @@ def evaluate_only(cfg: Config, model_dir: str) -> dict:
     eval_ds = build_eval_dataset(task, model, cfg, cfg.data.eval_files)
     if eval_ds is None:
         raise ConfigError("data.eval_files is empty: nothing to evaluate")
-    collate = Collator(model.tokenizer.pad_token_id, task.pad_values)
+    collate = (task.collate or Collator)(model.tokenizer.pad_token_id, task.pad_values)
     dl = DataLoader(eval_ds, batch_size=cfg.train.eval_batch_size, collate_fn=collate)
     model, dl = accelerator.prepare(model, dl)
     t0 = time.time()

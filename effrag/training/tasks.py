@@ -34,6 +34,8 @@ class Task:
     summarize: Callable  # (dict stat name -> summed value) -> dict metric -> float
     default_metric: str
     pad_values: dict = field(default_factory=dict)  # pad value of each extra per-token feature field
+    # (pad_token_id, pad_values) -> collate_fn, for tasks whose feature is not one sequence (IRRR)
+    collate: Callable | None = None
 
 
 TASKS: dict[str, Task] = {}
@@ -146,3 +148,7 @@ register_task(Task(
     summarize=filter_metrics,
     default_metric="token_f1",
 ))
+
+
+# IRRR registers its task from its own package (imported last: it builds on the helpers above).
+from ..irrr import task as _irrr_task  # noqa: E402,F401

@@ -1,0 +1,245 @@
+"""IRRR inference (Qi et al., 2021, section 3.1): retrieve, read, rerank, repeat.
+
+The reasoning path starts as the question. Each step:
+
+1. the query head picks words of the path (probability >= ``query_threshold``) and
+   they are sent to the retriever; the top ``k`` new paragraphs are the candidates;
+2. the reader reads every path + candidate: the answerability (log-likelihood ratio,
+   Appendix C) of the best one is compared with ``answer_threshold`` and, if it
+   passes, its answer is returned and the loop stops;
+3. otherwise the reranker's top candidate joins the path; at ``max_path`` paragraphs
+   the best answer read so far is returned.
+
+Questions of a batch move in lockstep: one model batch for all their queries, one
+``search`` call, one model batch for all their candidates. ``retrieved`` is the
+final reasoning path plus the paragraph the answer was read from; the trace keeps
+every step's query, candidates, answerability and reranker scores.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from ..text import join_words
+from .base import Pipeline, register_pipeline
+
+
+@dataclass
+class IRRRConfig:
+    k: int = 5  # candidates retrieved per step (the paper's reranker sees 5)
+    max_path: int = 4  # cap on reasoning-path paragraphs
+    query_threshold: float = 0.3  # keep a path word in the query at p >= this (the paper favours recall)
+    answer_threshold: float = 0.0  # stop once the best answerability reaches this
+    max_query_words: int = 32
+    max_answer_tokens: int = 30
+    batch_size: int = 16
+    bf16: bool = False
+
+
+def _forward(model, encodings: list, batch_size: int, bf16: bool):
+    """Model outputs for each encoding (length-sorted batches), as a list of per-item dicts of tensors."""
+    from ..models.tokenization import length_batches, pad_batch
+
+    results: list[Any] = [None] * len(encodings)
+    device = model.device
+    for idx in length_batches([len(e.input_ids) for e in encodings], batch_size):
+        feats = [{"input_ids": encodings[i].input_ids, "attention_mask": encodings[i].attention_mask,
+                  "token_type_ids": encodings[i].token_type_ids} for i in idx]
+        batch = {k: v.to(device) for k, v in pad_batch(feats, model.tokenizer.pad_token_id).items()}
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            out = model(**batch)
+        for row, i in enumerate(idx):
+            n = len(encodings[i].input_ids)
+            results[i] = {"token_logits": out.token_logits[row, :n].float().cpu(),
+                          "type_logits": out.type_logits[row].float().cpu(),
+                          "start": out.start_logits[row, :n].float().cpu(),
+                          "end": out.end_logits[row, :n].float().cpu(),
+                          "rank": float(out.rank_scores[row])}
+    return results
+
+
+def query_from(encoding, token_logits: torch.Tensor, threshold: float, max_words: int) -> tuple[str, list[float]]:
+    """The query words (path order, repeats dropped) and each visible word's keep probability."""
+    from ..irrr.oracle import STOPWORDS, norm
+
+    probs = token_logits.softmax(-1)[:, 1]
+    picked: list[tuple[float, int, int, str]] = []
+    all_probs = []
+    order = 0
+    for seg, firsts in zip(encoding.segments, encoding.first):
+        for w, pos in zip(seg, firsts):
+            p = float(probs[pos]) if pos >= 0 else 0.0
+            all_probs.append(p)
+            if p >= threshold and norm(w) and norm(w) not in STOPWORDS:
+                picked.append((p, order, 0, w))
+            order += 1
+    picked = sorted(sorted(picked, key=lambda x: -x[0])[:max_words], key=lambda x: x[1])
+    seen, out = set(), []
+    for _, _, _, w in picked:
+        if norm(w) not in seen:
+            seen.add(norm(w))
+            out.append(w)
+    return " ".join(out), all_probs
+
+
+def read(encoding, o: dict, max_answer_tokens: int) -> dict:
+    """Answer, answer type and answerability of one path + candidate."""
+    from ..models.irrr import ANSWER_TYPES, SPAN, answerability, best_spans
+
+    tw = encoding.token_word()
+    allowed = torch.tensor([x is not None for x in tw])[None]
+    start, end = o["start"][None], o["end"][None]
+    bs, be, _ = best_spans(start, end, allowed, max_answer_tokens)
+    score, typ = answerability(o["type_logits"][None], start, end, bs, be)
+    typ = int(typ)
+    if typ == SPAN:
+        (si, wi), (sj, wj) = tw[int(bs)], tw[int(be)]
+        if sj != si:
+            wj = len(encoding.segments[si]) - 1
+        answer = join_words(encoding.segments[si][wi : wj + 1])
+    else:
+        answer = ANSWER_TYPES[typ]
+    return {"answer": answer, "answer_type": ANSWER_TYPES[typ], "answerability": float(score), "rank": o["rank"]}
+
+
+class IRRRRunner:
+    """The loop over a retriever with a trained :class:`effrag.models.IRRRModel`."""
+
+    def __init__(self, model, retriever, config: IRRRConfig | None = None):
+        self.model, self.retriever = model.eval(), retriever
+        self.config = config or IRRRConfig()
+
+    def _encode(self, question_words, paragraphs):
+        from ..irrr.encoding import encode_path
+
+        return encode_path(self.model.tokenizer, question_words, paragraphs, self.model.max_length,
+                           int(self.model.options["max_question_tokens"]))
+
+    @torch.inference_mode()
+    def run(self, questions: list[str]) -> list[dict]:
+        from ..text import words_batch
+
+        cfg = self.config
+        states = [{"q": q, "qw": w, "path": [], "steps": [], "best": None, "read": 0, "done": False,
+                   "timing": {"model": 0.0, "retrieval": 0.0}}
+                  for q, w in zip(questions, words_batch(list(questions)))]
+        while True:
+            active = [s for s in states if not s["done"]]
+            if not active:
+                break
+            t0 = time.perf_counter()
+            encs = [self._encode(s["qw"], s["path"]) for s in active]
+            outs = _forward(self.model, encs, cfg.batch_size, cfg.bf16)
+            queries = []
+            for s, e, o in zip(active, encs, outs):
+                q, _ = query_from(e, o["token_logits"], cfg.query_threshold, cfg.max_query_words)
+                queries.append(q or " ".join([s["q"]] + [p["title"] for p in s["path"]]))
+            t1 = time.perf_counter()
+            hits = self.retriever.search(queries, cfg.k + len(max((s["path"] for s in active), key=len)))
+            t2 = time.perf_counter()
+            jobs = []
+            for si, (s, h) in enumerate(zip(active, hits)):
+                on_path = {p["id"] for p in s["path"]}
+                cands = [x for x in h if x.id not in on_path][: cfg.k]
+                s["_cands"] = cands
+                jobs += [(si, c) for c in cands]
+            cand_encs = [self._encode(active[si]["qw"], active[si]["path"]
+                                      + [{"id": c.id, "title": c.title, "text": c.text}]) for si, c in jobs]
+            cand_outs = _forward(self.model, cand_encs, cfg.batch_size, cfg.bf16) if jobs else []
+            reads: dict[int, list] = {}
+            for (si, c), e, o in zip(jobs, cand_encs, cand_outs):
+                reads.setdefault(si, []).append((c, read(e, o, cfg.max_answer_tokens)))
+            t3 = time.perf_counter()
+            n = max(1, len(active))
+            for si, s in enumerate(active):
+                s["timing"]["model"] += (t1 - t0 + t3 - t2) / n
+                s["timing"]["retrieval"] += (t2 - t1) / n
+                self._advance(s, queries[si], reads.get(si, []))
+        return [self._result(s) for s in states]
+
+    def _advance(self, s: dict, query: str, reads: list) -> None:
+        cfg = self.config
+        s["read"] += len(reads)
+        step = {"query": query, "candidates": [c.id for c, _ in reads],
+                "answerability": [round(r["answerability"], 4) for _, r in reads],
+                "rerank": [round(r["rank"], 4) for _, r in reads]}
+        if reads:
+            c, r = max(reads, key=lambda x: x[1]["answerability"])
+            step["best"] = {"id": c.id, "answer": r["answer"], "answerability": round(r["answerability"], 4)}
+            if s["best"] is None or r["answerability"] > s["best"][1]["answerability"]:
+                s["best"] = (c, r, list(s["path"]))
+            if r["answerability"] >= cfg.answer_threshold:
+                step["stop"] = "answerable"
+                s["steps"].append(step)
+                s["done"], s["best"] = True, (c, r, list(s["path"]))
+                return
+            nxt = max(reads, key=lambda x: x[1]["rank"])[0]
+            s["path"].append({"id": nxt.id, "title": nxt.title, "text": nxt.text})
+            step["appended"] = nxt.id
+        s["steps"].append(step)
+        if not reads:
+            step["stop"] = "no candidates"
+            s["done"] = True
+        elif len(s["path"]) >= cfg.max_path:
+            step["stop"] = "path cap"
+            s["done"] = True
+
+    @staticmethod
+    def _result(s: dict) -> dict:
+        if s["best"] is None:
+            ids, answer, score = [p["id"] for p in s["path"]], "", 0.0
+        else:
+            c, r, path = s["best"]
+            ids = [p["id"] for p in path] + [c.id]
+            ids += [p["id"] for p in s["path"] if p["id"] not in ids]  # later path paragraphs, if any
+            answer, score = r["answer"], r["answerability"]
+        return {"retrieved": ids, "answer": answer, "answerability": score, "iterations": len(s["steps"]),
+                "paragraphs_read": s["read"], "steps": s["steps"], "timing": s["timing"]}
+
+
+@register_pipeline("irrr")
+class IRRRPipeline(Pipeline):
+    """IRRR as an ``effrag eval`` method: ``--irrr-model DIR`` plus the loop options."""
+
+    def __init__(self, retriever, irrr_model=None, k: int | None = None, config: IRRRConfig | dict | None = None,
+                 **options: Any):
+        from ..models import IRRRModel
+
+        if irrr_model is None:
+            raise ValueError("irrr needs --irrr-model DIR (a trained IRRR checkpoint)")
+        base = asdict(config) if isinstance(config, IRRRConfig) else dict(config or {})
+        base.update({key.removeprefix("irrr_"): v for key, v in options.items() if v is not None})
+        if k is not None and "k" not in base:
+            base["k"] = k
+        unknown = set(base) - set(IRRRConfig.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown IRRR option(s) {sorted(unknown)}; known: {sorted(IRRRConfig.__dataclass_fields__)}")
+        model = IRRRModel.from_pretrained(irrr_model) if not isinstance(irrr_model, torch.nn.Module) else irrr_model
+        self.config = IRRRConfig(**base)
+        self.runner = IRRRRunner(model, retriever, self.config)
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        g = parser.add_argument_group("irrr")
+        g.add_argument("--irrr-model", metavar="DIR", help="trained IRRR checkpoint directory")
+        g.add_argument("--irrr-max-path", type=int, default=None, help="cap on reasoning-path paragraphs")
+        g.add_argument("--irrr-query-threshold", type=float, default=None, help="query-word keep probability")
+        g.add_argument("--irrr-answer-threshold", type=float, default=None, help="answerability that stops the loop")
+        g.add_argument("--irrr-batch-size", type=int, default=None)
+        g.add_argument("--irrr-bf16", action="store_true", default=None, help="bf16 autocast for the model")
+
+    def run(self, question: str) -> dict[str, Any]:
+        return self.run_batch([question])[0]
+
+    def run_batch(self, questions: list[str]) -> list[dict[str, Any]]:
+        outs = []
+        for r in self.runner.run(list(questions)):
+            out = self.output(r["retrieved"], [r["answerability"]] * len(r["retrieved"]), r["answer"],
+                              iterations=r["iterations"], trace=r["steps"])
+            out["paragraphs_read"] = r["paragraphs_read"]
+            out["timing"] = {k: round(v, 6) for k, v in r["timing"].items()}
+            outs.append(out)
+        return outs

@@ -1,0 +1,130 @@
+"""IRRR next to Direct-R and EfficientRAG on dev files, one retriever and one reader for all.
+
+For each dataset the corpus pools that dataset's ``--corpus-from`` files and dev file
+(train + dev contexts), indexed with BM25 (IRRR's engine). Methods:
+
+* ``direct-r@K``: top-K for the question, answered by IRRR's reader (``IRRRReader``:
+  each chunk read alone, most answerable span wins);
+* ``efficientrag``: the Labeler/Filter loop (``--labeler``, ``--filter``), same reader;
+* ``irrr``: the IRRR loop with its own reader and stopping rule.
+
+No LLM is called, so EM/F1 compare retrieval + the same extractive reader. Per method:
+recall of gold paragraphs, chunks returned, EM/F1, steps, paragraphs read by the model,
+latency per question (batch 1). Resumable (``effrag.evaluation.evaluate`` per method);
+writes ``OUT/report.md`` and ``OUT/report.json`` with the config.
+
+    python scripts/bench_irrr.py --irrr checkpoints/irrr-all --labeler checkpoints/efficientrag-all-full/labeler \\
+        --filter checkpoints/efficientrag-all/filter --data /work/shared/data --limit 200 --output reports/irrr
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+COLUMNS = ["dataset", "method", "n", "recall", "avg_chunks", "em", "f1", "iterations", "paragraphs_read", "latency_s"]
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--irrr", required=True, help="IRRR checkpoint directory")
+    ap.add_argument("--labeler", help="EfficientRAG Labeler checkpoint (EfficientRAG skipped without)")
+    ap.add_argument("--filter", help="EfficientRAG Filter checkpoint")
+    ap.add_argument("--data", default="../shared/data", help="folder with <dataset>/{train,dev}.jsonl")
+    ap.add_argument("--datasets", nargs="+", default=["hotpotqa", "2wikimqa", "musique"])
+    ap.add_argument("--limit", type=int, default=None, help="first N dev questions per dataset")
+    ap.add_argument("--direct-k", type=int, nargs="+", default=[10])
+    ap.add_argument("--irrr-config", default="{}", help='JSON IRRR loop options, e.g. {"answer_threshold": 1.0}')
+    ap.add_argument("--er-config", help="EfficientRAG loop config JSON file")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--output", required=True, type=Path)
+    return ap.parse_args(argv)
+
+
+def fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.2f}" if abs(v) >= 1 else f"{v:.3f}"
+    return str(v)
+
+
+def _labelled(row: dict) -> int:
+    """Chunks a model read: EfficientRAG's Labeler reads each hop's chunks; Direct-R's reader reads all k."""
+    hops = (row.get("trace") or {}).get("hops") if isinstance(row.get("trace"), dict) else None
+    if hops:
+        return sum(len(h["chunks"]) for h in hops)
+    return len(row["retrieved"])
+
+
+def summarise(entry: dict, pred_path: Path) -> dict:
+    rows = [json.loads(line) for line in pred_path.read_text().splitlines() if line.strip()]
+    read = [r["paragraphs_read"] if "paragraphs_read" in r else _labelled(r) for r in rows]
+    return {**{c: entry.get(c) for c in COLUMNS}, "paragraphs_read": sum(read) / max(1, len(read)),
+            "iterations": sum(r.get("iterations", 1) for r in rows) / max(1, len(rows))}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from effrag.data import build_corpus, load_questions, map_gold
+    from effrag.evaluation import evaluate
+    from effrag.irrr.reader import IRRRReader
+    from effrag.models import IRRRModel
+    from effrag.pipelines import build_pipeline
+    from effrag.retrieval import build_retriever
+
+    irrr_model = IRRRModel.from_pretrained(args.irrr).eval()
+    reader = IRRRReader(irrr_model)
+    irrr_opts = json.loads(args.irrr_config)
+    args.output.mkdir(parents=True, exist_ok=True)
+    table = []
+    for ds in args.datasets:
+        dev = Path(args.data) / ds / "dev.jsonl"
+        corpus = build_corpus([Path(args.data) / ds / "train.jsonl", dev])
+        retriever = build_retriever("bm25", corpus)
+        questions = load_questions(dev, limit=args.limit)
+        gold = map_gold(questions, corpus)
+        methods = [(f"direct-r@{k}", lambda k=k: build_pipeline("direct-r", retriever, k=k, generator=reader))
+                   for k in args.direct_k]
+        if args.labeler and args.filter:
+            methods.append(("efficientrag", lambda: build_pipeline(
+                "efficientrag", retriever, labeler=args.labeler, filter=args.filter, er_config=args.er_config,
+                generator=reader)))
+        methods.append(("irrr", lambda: build_pipeline("irrr", retriever, irrr_model=irrr_model, config=irrr_opts)))
+        for name, make in methods:
+            out = args.output / ds / name
+            config = {"method": name, "dataset": ds, "questions": str(dev.resolve()), "limit": args.limit,
+                      "retriever": "bm25", "corpus_fingerprint": corpus.fingerprint(), "reader": str(args.irrr),
+                      "irrr_config": irrr_opts if name == "irrr" else None,
+                      "labeler": args.labeler, "filter": args.filter, "er_config": args.er_config}
+            t0 = time.perf_counter()
+            entry = evaluate(make(), questions, gold, out, config, ks=None, batch_size=1)[0]
+            row = summarise(entry, out / "predictions.jsonl")
+            row["method"] = name
+            table.append(row)
+            print(f"{ds:9s} {name:13s} " + " ".join(f"{c}={fmt(row[c])}" for c in COLUMNS[2:])
+                  + f" (wall {time.perf_counter() - t0:.0f}s)", file=sys.stderr)
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(fmt(r[c]) for c in COLUMNS) + " |" for r in table]
+    md = (f"Recall, EM and F1 as fractions; avg_chunks = passages returned; paragraphs_read = passages a model "
+          f"read (IRRR reader and EfficientRAG Labeler); latency in s per question (batch 1, torch threads = "
+          f"{args.threads}). Direct-R and EfficientRAG are answered by IRRR's reader over each returned chunk "
+          f"alone (no LLM).\n\n") + "\n".join(lines) + "\n"
+    (args.output / "report.md").write_text(md)
+    (args.output / "report.json").write_text(json.dumps(
+        {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "rows": table}, indent=2))
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

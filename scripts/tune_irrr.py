@@ -1,0 +1,118 @@
+"""Tune IRRR's query-word and answerability thresholds on dev questions (the paper tunes them on dev for QA).
+
+The answerability threshold only decides *when* the loop stops, and the path it grows does
+not depend on it, so each query threshold is run once with no stopping (to ``max_path``)
+and every answerability threshold is replayed from the per-step traces: the first step
+whose best answerability reaches it gives the answer and the returned paragraphs. The
+objective is mean F1 over datasets (ties: fewer paragraphs read). Writes ``OUT/grid.json``
+and ``OUT/best.json`` (an ``--irrr-config`` for ``bench_irrr.py``).
+
+    python scripts/tune_irrr.py --irrr checkpoints/irrr-all --data /work/shared/data --limit 40 --output runs/tune_irrr
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def replay(steps: list[dict], threshold: float) -> tuple[str, list[str], int, int]:
+    """(answer, returned ids, steps taken, paragraphs read) had the loop stopped at ``threshold``."""
+    appended = [s.get("appended") for s in steps]
+    read = 0
+    for i, s in enumerate(steps):
+        read += len(s["candidates"])
+        b = s.get("best")
+        if b and b["answerability"] >= threshold:
+            return b["answer"], [a for a in appended[:i] if a] + [b["id"]], i + 1, read
+    scored = [(s["best"]["answerability"], i) for i, s in enumerate(steps) if s.get("best")]
+    if not scored:
+        return "", [a for a in appended if a], len(steps), read
+    _, j = max(scored)
+    b = steps[j]["best"]
+    ids = [a for a in appended[:j] if a] + [b["id"]]
+    ids += [a for a in appended[j:] if a and a not in ids]
+    return b["answer"], ids, len(steps), read
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--irrr", required=True)
+    ap.add_argument("--data", default="../shared/data")
+    ap.add_argument("--datasets", nargs="+", default=["hotpotqa", "2wikimqa", "musique"])
+    ap.add_argument("--limit", type=int, default=40, help="first N dev questions per dataset")
+    ap.add_argument("--query-thresholds", type=float, nargs="+", default=[0.2, 0.35, 0.5])
+    ap.add_argument("--answer-thresholds", type=float, nargs="+", default=[-4, -2, -1, 0, 1, 2, 3, 4, 6])
+    ap.add_argument("--max-path", type=int, default=4)
+    ap.add_argument("--k", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--output", required=True, type=Path)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from effrag.data import build_corpus, load_questions, map_gold
+    from effrag.evaluation.metrics import f1, recall
+    from effrag.models import IRRRModel
+    from effrag.pipelines.irrr import IRRRConfig, IRRRRunner
+    from effrag.retrieval import build_retriever
+
+    model = IRRRModel.from_pretrained(args.irrr).eval()
+    args.output.mkdir(parents=True, exist_ok=True)
+    runs: dict[float, dict[str, list]] = {}
+    for qt in args.query_thresholds:
+        runs[qt] = {}
+        for ds in args.datasets:
+            cache = args.output / f"runs_q{qt}_{ds}.jsonl"
+            dev = Path(args.data) / ds / "dev.jsonl"
+            questions = load_questions(dev, limit=args.limit)
+            if cache.is_file() and sum(1 for _ in cache.open()) == len(questions):
+                runs[qt][ds] = [json.loads(line) for line in cache.open()]
+                continue
+            corpus = build_corpus([Path(args.data) / ds / "train.jsonl", dev])
+            gold = map_gold(questions, corpus)
+            runner = IRRRRunner(model, build_retriever("bm25", corpus),
+                                IRRRConfig(k=args.k, max_path=args.max_path, query_threshold=qt,
+                                           answer_threshold=float("inf")))
+            rows = []
+            for q, g in zip(questions, gold):
+                r = runner.run([q.question])[0]
+                rows.append({"qid": q.id, "answers": q.answers, "gold": g, "steps": r["steps"]})
+            cache.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            runs[qt][ds] = rows
+            print(f"query_threshold={qt} {ds}: {len(rows)} questions run to the cap", file=sys.stderr)
+    grid = []
+    for qt, by_ds in runs.items():
+        for at in args.answer_thresholds:
+            entry = {"query_threshold": qt, "answer_threshold": at}
+            for ds, rows in by_ds.items():
+                res = [replay(r["steps"], at) for r in rows]
+                n = max(1, len(rows))
+                entry[ds] = {"f1": sum(f1(a, r["answers"]) for (a, *_), r in zip(res, rows)) / n,
+                             "recall": sum(recall(ids, r["gold"]) for (_, ids, *_), r in zip(res, rows)) / n,
+                             "steps": sum(x[2] for x in res) / n, "read": sum(x[3] for x in res) / n}
+            entry["f1"] = sum(entry[ds]["f1"] for ds in by_ds) / len(by_ds)
+            entry["read"] = sum(entry[ds]["read"] for ds in by_ds) / len(by_ds)
+            grid.append(entry)
+    best = max(grid, key=lambda e: (round(e["f1"], 6), -e["read"]))
+    (args.output / "grid.json").write_text(json.dumps({"config": {k: str(v) for k, v in vars(args).items()},
+                                                       "grid": grid}, indent=2))
+    cfg = {"query_threshold": best["query_threshold"], "answer_threshold": best["answer_threshold"],
+           "max_path": args.max_path, "k": args.k}
+    (args.output / "best.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    for e in sorted(grid, key=lambda e: -e["f1"])[:8]:
+        print(f"q={e['query_threshold']} a={e['answer_threshold']}: mean F1 {e['f1']:.3f}, read {e['read']:.1f}; "
+              + ", ".join(f"{ds} F1 {e[ds]['f1']:.3f} R {e[ds]['recall']:.3f} steps {e[ds]['steps']:.2f}"
+                          for ds in args.datasets))
+    print("best:", json.dumps(cfg))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

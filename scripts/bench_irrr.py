@@ -40,7 +40,8 @@ def parse_args(argv=None):
     ap.add_argument("--datasets", nargs="+", default=["hotpotqa", "2wikimqa", "musique"])
     ap.add_argument("--limit", type=int, default=None, help="first N dev questions per dataset")
     ap.add_argument("--direct-k", type=int, nargs="+", default=[10])
-    ap.add_argument("--irrr-config", default="{}", help='JSON IRRR loop options, e.g. {"answer_threshold": 1.0}')
+    ap.add_argument("--irrr-config", action="append", default=None,
+                    help='JSON IRRR loop options, e.g. {"answer_threshold": 1.0}; repeat for several IRRR rows')
     ap.add_argument("--er-config", help="EfficientRAG loop config JSON file")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--output", required=True, type=Path)
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
 
     irrr_model = IRRRModel.from_pretrained(args.irrr).eval()
     reader = IRRRReader(irrr_model)
-    irrr_opts = json.loads(args.irrr_config)
+    irrr_configs = [json.loads(c) for c in (args.irrr_config or ["{}"])]
     args.output.mkdir(parents=True, exist_ok=True)
     table = []
     for ds in args.datasets:
@@ -93,18 +94,21 @@ def main(argv=None) -> int:
         retriever = build_retriever("bm25", corpus)
         questions = load_questions(dev, limit=args.limit)
         gold = map_gold(questions, corpus)
-        methods = [(f"direct-r@{k}", lambda k=k: build_pipeline("direct-r", retriever, k=k, generator=reader))
+        methods = [(f"direct-r@{k}", lambda k=k: build_pipeline("direct-r", retriever, k=k, generator=reader), None)
                    for k in args.direct_k]
         if args.labeler and args.filter:
             methods.append(("efficientrag", lambda: build_pipeline(
                 "efficientrag", retriever, labeler=args.labeler, filter=args.filter, er_config=args.er_config,
-                generator=reader)))
-        methods.append(("irrr", lambda: build_pipeline("irrr", retriever, irrr_model=irrr_model, config=irrr_opts)))
-        for name, make in methods:
+                generator=reader), None))
+        for opts in irrr_configs:
+            label = "irrr" + "".join(f",{k}={v}" for k, v in sorted(opts.items()) if k in ("answer_threshold",
+                                                                                        "query_threshold"))
+            methods.append((label, lambda o=opts: build_pipeline("irrr", retriever, irrr_model=irrr_model, config=o), opts))
+        for name, make, irrr_opts in methods:
             out = args.output / ds / name
             config = {"method": name, "dataset": ds, "questions": str(dev.resolve()), "limit": args.limit,
                       "retriever": "bm25", "corpus_fingerprint": corpus.fingerprint(), "reader": str(args.irrr),
-                      "irrr_config": irrr_opts if name == "irrr" else None,
+                      "irrr_config": irrr_opts,
                       "labeler": args.labeler, "filter": args.filter, "er_config": args.er_config}
             t0 = time.perf_counter()
             entry = evaluate(make(), questions, gold, out, config, ks=None, batch_size=1)[0]

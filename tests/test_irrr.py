@@ -181,13 +181,13 @@ def test_heads_shapes_losses_and_training_signal(electra, sample_steps):
         pos = batch["rank_label"][m] == 1
         if 0 < pos.sum() < m.sum():
             manual.append(-torch.logsumexp(logp[pos], 0))
-    assert float(out.rerank_loss) == pytest.approx(float(torch.stack(manual).mean()), rel=1e-5)
+    assert float(out.rerank_loss.detach()) == pytest.approx(float(torch.stack(manual).mean().detach()), rel=1e-5)
     # reader losses weigh answerable and unanswerable candidates equally (most candidates cannot answer)
     at = batch["answer_type"]
     ce = torch.nn.functional.cross_entropy(out.type_logits, at, ignore_index=IGNORE, reduction="none")
     ans, na = (at != IGNORE) & (at != NOANSWER), at == NOANSWER
     assert ans.any() and na.sum() > ans.sum()
-    assert float(out.type_loss) == pytest.approx(float((ce[ans].mean() + ce[na].mean()) / 2), rel=1e-5)
+    assert float(out.type_loss.detach()) == pytest.approx(float(((ce[ans].mean() + ce[na].mean()) / 2).detach()), rel=1e-5)
     # query sequences carry query labels only; candidates carry reader/reranker targets only
     q_rows = batch["rank_label"] == IGNORE
     assert int(q_rows.sum()) == len(recs) and (batch["answer_type"][q_rows] == IGNORE).all()
@@ -198,7 +198,7 @@ def test_heads_shapes_losses_and_training_signal(electra, sample_steps):
     first = None
     for _ in range(25):
         loss = model(**batch).loss
-        first = float(loss) if first is None else first
+        first = float(loss.detach()) if first is None else first
         opt.zero_grad()
         loss.backward()
         opt.step()

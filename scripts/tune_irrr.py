@@ -23,21 +23,17 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 def replay(steps: list[dict], threshold: float) -> tuple[str, list[str], int, int]:
     """(answer, returned ids, steps taken, paragraphs read) had the loop stopped at ``threshold``."""
-    appended = [s.get("appended") for s in steps]
+    from effrag.pipelines.irrr import outcome
+
     read = 0
     for i, s in enumerate(steps):
         read += len(s["candidates"])
-        b = s.get("best")
-        if b and b["answerability"] >= threshold:
-            return b["answer"], [a for a in appended[:i] if a] + [b["id"]], i + 1, read
-    scored = [(s["best"]["answerability"], i) for i, s in enumerate(steps) if s.get("best")]
-    if not scored:
-        return "", [a for a in appended if a], len(steps), read
-    _, j = max(scored)
-    b = steps[j]["best"]
-    ids = [a for a in appended[:j] if a] + [b["id"]]
-    ids += [a for a in appended[j:] if a and a not in ids]
-    return b["answer"], ids, len(steps), read
+        if s.get("best") and s["best"]["answerability"] >= threshold:
+            stop = {**{k: v for k, v in s.items() if k != "appended"}, "stop": "answerable"}  # as the loop would
+            o = outcome(steps[:i] + [stop])
+            return o["answer"], o["retrieved"], i + 1, read
+    o = outcome([{k: v for k, v in s.items() if k != "stop"} for s in steps])
+    return o["answer"], o["retrieved"], len(steps), read
 
 
 def main(argv=None) -> int:

@@ -123,6 +123,8 @@ def test_training_steps_are_valid_and_resume(sample_steps, tmp_path):
     keys = [(json.loads(line)["qid"], json.loads(line)["step"])
             for line in (sample_steps["dir"] / "irrr.jsonl").read_text().splitlines()]
     assert len(keys) == len(set(keys))
+    st = json.loads((sample_steps["dir"] / "stats.json").read_text())
+    assert st["steps"] == len(keys) and st["questions"] == 14 and 0 < st["oracle_rank_1"] <= st["oracle_top5"] <= 1
 
 
 def test_bad_record_names_the_field():

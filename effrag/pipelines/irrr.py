@@ -66,19 +66,13 @@ def query_from(encoding, token_logits: torch.Tensor, threshold: float, max_words
     from ..irrr.oracle import STOPWORDS, norm
 
     probs = token_logits.softmax(-1)[:, 1]
-    picked: list[tuple[float, int, int, str]] = []
-    all_probs = []
-    order = 0
-    for seg, firsts in zip(encoding.segments, encoding.first):
-        for w, pos in zip(seg, firsts):
-            p = float(probs[pos]) if pos >= 0 else 0.0
-            all_probs.append(p)
-            if p >= threshold and norm(w) and norm(w) not in STOPWORDS:
-                picked.append((p, order, 0, w))
-            order += 1
-    picked = sorted(sorted(picked, key=lambda x: -x[0])[:max_words], key=lambda x: x[1])
+    all_probs = [float(probs[pos]) if pos >= 0 else 0.0 for firsts in encoding.first for pos in firsts]
+    path_words = [w for seg in encoding.segments for w in seg]
+    picked = [i for i, (w, p) in enumerate(zip(path_words, all_probs))
+              if p >= threshold and norm(w) and norm(w) not in STOPWORDS]
+    picked = sorted(sorted(picked, key=lambda i: -all_probs[i])[:max_words])  # most likely, in path order
     seen, out = set(), []
-    for _, _, _, w in picked:
+    for w in (path_words[i] for i in picked):
         if norm(w) not in seen:
             seen.add(norm(w))
             out.append(w)
@@ -123,7 +117,7 @@ class IRRRRunner:
         from ..text import words_batch
 
         cfg = self.config
-        states = [{"q": q, "qw": w, "path": [], "steps": [], "best": None, "read": 0, "done": False,
+        states = [{"q": q, "qw": w, "path": [], "steps": [], "read": 0, "done": False,
                    "timing": {"model": 0.0, "retrieval": 0.0}}
                   for q, w in zip(questions, words_batch(list(questions)))]
         while True:
@@ -168,13 +162,11 @@ class IRRRRunner:
                 "rerank": [round(r["rank"], 4) for _, r in reads]}
         if reads:
             c, r = max(reads, key=lambda x: x[1]["answerability"])
-            step["best"] = {"id": c.id, "answer": r["answer"], "answerability": round(r["answerability"], 4)}
-            if s["best"] is None or r["answerability"] > s["best"][1]["answerability"]:
-                s["best"] = (c, r, list(s["path"]))
+            step["best"] = {"id": c.id, "answer": r["answer"], "answerability": r["answerability"]}
             if r["answerability"] >= cfg.answer_threshold:
                 step["stop"] = "answerable"
                 s["steps"].append(step)
-                s["done"], s["best"] = True, (c, r, list(s["path"]))
+                s["done"] = True
                 return
             nxt = max(reads, key=lambda x: x[1]["rank"])[0]
             s["path"].append({"id": nxt.id, "title": nxt.title, "text": nxt.text})
@@ -189,15 +181,27 @@ class IRRRRunner:
 
     @staticmethod
     def _result(s: dict) -> dict:
-        if s["best"] is None:
-            ids, answer, score = [p["id"] for p in s["path"]], "", 0.0
-        else:
-            c, r, path = s["best"]
-            ids = [p["id"] for p in path] + [c.id]
-            ids += [p["id"] for p in s["path"] if p["id"] not in ids]  # later path paragraphs, if any
-            answer, score = r["answer"], r["answerability"]
-        return {"retrieved": ids, "answer": answer, "answerability": score, "iterations": len(s["steps"]),
-                "paragraphs_read": s["read"], "steps": s["steps"], "timing": s["timing"]}
+        return {**outcome(s["steps"]), "iterations": len(s["steps"]), "paragraphs_read": s["read"],
+                "steps": s["steps"], "timing": s["timing"]}
+
+
+def outcome(steps: list[dict]) -> dict:
+    """Answer, returned ids and answerability from a run's step trace.
+
+    The answer is the stopping step's best read, or (no stop) the most answerable read of any
+    step; returned ids are the path as it was then, the paragraph read, and later path
+    paragraphs. ``scripts/tune_irrr.py`` replays other thresholds through this too.
+    """
+    appended = [st.get("appended") for st in steps]
+    scored = [i for i, st in enumerate(steps) if "best" in st]
+    if not scored:
+        return {"retrieved": [a for a in appended if a], "answer": "", "answerability": 0.0}
+    stopped = steps[-1].get("stop") == "answerable"
+    j = scored[-1] if stopped else max(scored, key=lambda i: steps[i]["best"]["answerability"])
+    best = steps[j]["best"]
+    ids = [a for a in appended[:j] if a] + [best["id"]]
+    ids += [a for a in appended[j:] if a and a not in ids]
+    return {"retrieved": ids, "answer": best["answer"], "answerability": best["answerability"]}
 
 
 @register_pipeline("irrr")

@@ -225,7 +225,9 @@ def _cmd_eval(args) -> None:
         llm_opts["dataset"] = questions[0].dataset  # few-shot prompts per dataset
     if args.llm is not None and "llm" not in method_opts:
         llm_opts.update(_llm_option(cls, args.llm, questions[0].dataset))
-    pipeline = build_pipeline(args.method, retriever, k=max(ks), **method_opts, **llm_opts)
+    # a method whose depth lives in its own config (EfficientRAG's hop_k in --er-config) keeps it unless --k is given
+    k = max(ks) if args.k or not getattr(cls, "k_in_config", False) else None
+    pipeline = build_pipeline(args.method, retriever, k=k, **method_opts, **llm_opts)
     out = Path(args.output)
     if args.overwrite and out.exists():
         shutil.rmtree(out)
@@ -236,7 +238,8 @@ def _cmd_eval(args) -> None:
               "index_type": args.index_type if kind != "bm25" else None,
               "encoder": _encoder_path(retriever),
               "bf16": args.bf16, "k": ks, "limit": args.limit, "batch_size": args.batch_size,
-              "method_options": method_opts, "llm": args.llm}
+              "method_options": method_opts, "llm": args.llm,
+              **({"method_config": pipeline.config.to_json()} if hasattr(getattr(pipeline, "config", None), "to_json") else {})}
     entries = evaluate(pipeline, questions, gold, out, config, ks=ks, batch_size=args.batch_size, seed=args.seed)
     print(markdown_table(entries), end="")
     try:  # recall against chunks, like the paper's Figure 2 (needs the plots extra)

@@ -74,7 +74,8 @@ def setup(args):
     gold = [g + missing.get(q.id, []) for q, g in zip(questions, gold)]
     opts = {k: getattr(args, k) for k in ("labeler", "filter", "er_config", "er_batch_size", "er_bf16", "hop_k",
                                           "max_hops", "tag_threshold", "token_threshold", "filter_threshold",
-                                          "query_mode", "dedup", "max_branches", "max_candidates", "min_candidates")}
+                                          "query_mode", "dedup", "max_branches", "max_candidates", "min_candidates",
+                                          "pool_order", "retrieval_weight")}
     pipe = EfficientRAGPipeline(retriever, **opts)
     return questions, gold, corpus, retriever, pipe
 

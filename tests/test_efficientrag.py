@@ -240,6 +240,25 @@ def test_candidate_caps(models, retriever, questions):
         assert {c.id for c in r.chunks} <= set(labeled_ids(r))
 
 
+def test_fused_pool_order_keeps_what_the_retriever_is_sure_of(models, retriever, questions):
+    kw = dict(max_hops=3, tag_threshold=0.0)
+    by_hop = make_loop(models, retriever, **kw).run(questions)
+    fused = make_loop(models, retriever, pool_order="fused", retrieval_weight=1.0, **kw).run(questions)
+    heavy = make_loop(models, retriever, pool_order="fused", retrieval_weight=1e6, **kw).run(questions)
+    for a, b, c in zip(by_hop, fused, heavy):
+        assert sorted(x.id for x in a.chunks) == sorted(x.id for x in b.chunks)  # same pool, other order
+        keys = [x.score + x.retrieval_score for x in b.chunks]
+        assert keys == sorted(keys, reverse=True)
+        # a dominant weight ranks by BM25 score alone, across hops
+        assert [x.retrieval_score for x in c.chunks] == sorted((x.retrieval_score for x in c.chunks), reverse=True)
+    capped = make_loop(models, retriever, pool_order="fused", retrieval_weight=1e6, max_candidates=3, **kw).run(questions)
+    for c, r in zip(heavy, capped):  # the cap keeps the head of that order
+        assert [x.id for x in r.chunks] == [x.id for x in c.chunks[:3]]
+    assert any([x.hop for x in r.chunks] != sorted(x.hop for x in r.chunks) for r in heavy)
+    with pytest.raises(ValueError, match="pool_order"):
+        EfficientRAGConfig(pool_order="random")
+
+
 def test_batched_equals_one_at_a_time(models, retriever, questions):
     probe = make_loop(models, retriever, max_hops=1, tag_threshold=0.0, token_threshold=0.0).run(questions)
     tag_t = split_point([c.score for r in probe for c in r.chunks])
@@ -451,3 +470,14 @@ def test_effrag_eval_cli_runs_efficientrag(model_dirs, tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics[0]["method"] == "efficientrag" and metrics[0]["avg_chunks"] == 4
     assert json.loads((out / "config.json").read_text())["run"]["method_options"]["tag_threshold"] == 0.0
+
+    # hop_k from an --er-config file is kept unless --k is given explicitly
+    cfg = tmp_path / "best.json"
+    cfg.write_text(json.dumps({"config": {"hop_k": 2, "max_hops": 1, "tag_threshold": 0.0}}))
+    base = argv[:argv.index("--tag-threshold")] + ["--er-config", str(cfg), "--overwrite"]
+    for extra, hop_k in (([], 2), (["--k", "3"], 3)):
+        assert main(base + extra) == 0
+        run = json.loads((out / "config.json").read_text())["run"]
+        assert run["method_config"]["hop_k"] == hop_k
+        rows = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+        assert all(len(r["retrieved"]) == hop_k for r in rows)

@@ -30,6 +30,7 @@ from .base import Pipeline, register_pipeline
 QUERY_MODES = ("merged", "per_chunk")
 DEDUP_MODES = ("refill", "drop")
 CHUNK_FORMATS = ("title_text", "text")
+POOL_ORDERS = ("hop", "fused")
 INFO = ["Info", ":"]
 CONTINUE, TERMINATE = "<Continue>", "<Terminate>"
 
@@ -47,6 +48,11 @@ class EfficientRAGConfig:
     chunks, ``drop`` just removes seen chunks from the top ``hop_k``.
     ``min_candidates`` (default 0, the paper) tops up a small pool with the most
     likely <Terminate> chunks; ``max_candidates`` caps the pool.
+    ``pool_order`` decides which chunks survive the cap: ``hop`` (earlier hop first, then
+    p(<Continue>)) or ``fused`` (p(<Continue>) + ``retrieval_weight`` x the retriever's score,
+    so a chunk the retriever is sure of is not pushed out by a later hop's weak one; the
+    weight depends on the retriever's score scale: tune it on dev per retriever).
+    <Continue> chunks always rank before top-up chunks.
     """
 
     hop_k: int = 10
@@ -59,6 +65,8 @@ class EfficientRAGConfig:
     max_branches: int = 4
     max_candidates: int | None = None
     min_candidates: int = 0
+    pool_order: str = "hop"
+    retrieval_weight: float = 1.0
     chunk_format: str = "title_text"
     batch_size: int = 32
     labeler_max_length: int | None = None
@@ -66,7 +74,8 @@ class EfficientRAGConfig:
     bf16: bool = False
 
     def __post_init__(self) -> None:
-        for name, allowed in (("query_mode", QUERY_MODES), ("dedup", DEDUP_MODES), ("chunk_format", CHUNK_FORMATS)):
+        for name, allowed in (("query_mode", QUERY_MODES), ("dedup", DEDUP_MODES), ("chunk_format", CHUNK_FORMATS),
+                              ("pool_order", POOL_ORDERS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"EfficientRAGConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         for name in ("hop_k", "max_hops", "max_branches", "batch_size"):
@@ -129,7 +138,7 @@ class Chunk:
 
 @dataclass
 class LoopResult:
-    """One question's outcome: ranked candidates (by hop, then p_continue), a per-hop trace, timings."""
+    """One question's outcome: ranked candidates (``config.pool_order``), a per-hop trace, timings."""
 
     question: str
     chunks: list[Chunk]
@@ -298,9 +307,13 @@ class EfficientRAGLoop:
 
     def _finish(self, s: _State) -> LoopResult:
         cfg = self.config
-        pool = sorted(s.pool, key=lambda c: (c.hop, -c.score))
+        if cfg.pool_order == "fused":
+            pool_key = extra_key = lambda c: (-(c.score + cfg.retrieval_weight * c.retrieval_score), c.hop)
+        else:
+            pool_key, extra_key = (lambda c: (c.hop, -c.score)), (lambda c: (-c.score, c.hop))
+        pool = sorted(s.pool, key=pool_key)
         if len(pool) < cfg.min_candidates:
-            extra = sorted(s.rejected, key=lambda c: (-c.score, c.hop))[: cfg.min_candidates - len(pool)]
+            extra = sorted(s.rejected, key=extra_key)[: cfg.min_candidates - len(pool)]
             pool += [Chunk(**{**asdict(c), "fallback": True}) for c in extra]
         if cfg.max_candidates is not None:
             pool = pool[: cfg.max_candidates]
@@ -322,6 +335,8 @@ _FLAGS = {  # effrag eval flag -> (type, help); dest = config field (except --er
     "--max-branches": (int, "per_chunk mode: next queries per question per hop (default 4)"),
     "--max-candidates": (int, "cap on the candidate pool (default: none)"),
     "--min-candidates": (int, "top up the pool with the likeliest <Terminate> chunks (default 0)"),
+    "--pool-order": (str, "hop: earlier hop, then p(<Continue>); fused: p(<Continue>) + weight x retrieval score"),
+    "--retrieval-weight": (float, "pool-order fused: weight of the retriever's score (default 1.0)"),
     "--er-batch-size": (int, "Labeler/Filter forward batch size (default 32)"),
 }
 
@@ -365,7 +380,11 @@ class EfficientRAGPipeline(Pipeline):
     are p(<Continue>), ``trace`` the per-hop record, ``timing`` the loop time split into
     retrieval / labeler / filter / other (and generation). ``config`` or ``er_config``
     (a JSON file) give the loop options; keyword options (the ``effrag eval`` flags) override them.
+    ``k`` (``effrag eval --k``) sets ``hop_k`` only when given: a config file's ``hop_k`` is not
+    silently replaced by the CLI's default.
     """
+
+    k_in_config = True
 
     def __init__(self, retriever, labeler=None, filter=None, config=None, generator=None,
                  k: int | None = None, er_config: str | None = None, er_batch_size: int | None = None,
@@ -386,7 +405,7 @@ class EfficientRAGPipeline(Pipeline):
         g.add_argument("--filter", metavar="DIR", help="trained Filter checkpoint directory")
         g.add_argument("--er-config", metavar="JSON", help="loop config file (e.g. the tuner's best.json)")
         for flag, (typ, help_) in _FLAGS.items():
-            choices = {"--query-mode": QUERY_MODES, "--dedup": DEDUP_MODES}.get(flag)
+            choices = {"--query-mode": QUERY_MODES, "--dedup": DEDUP_MODES, "--pool-order": POOL_ORDERS}.get(flag)
             g.add_argument(flag, type=typ, default=None, choices=choices, help=help_)
         g.add_argument("--er-bf16", action="store_true", default=None, help="bf16 autocast for Labeler/Filter")
 

@@ -1,0 +1,156 @@
+#!/usr/bin/env python
+"""Out-of-domain transfer of EfficientRAG checkpoints (the paper's Table 6 shape).
+
+Every model pair (Labeler + Filter) runs the LLM-free loop on every dataset's dev
+file, with that dataset's corpus (train + dev contexts) and the same retriever and
+loop config for all models, so a row differs only in the training data. Each cell
+(model, dataset) is appended to ``results.jsonl`` as it finishes; a rerun skips
+finished cells. ``report.md`` is the matrix of recall / average chunks.
+
+    python scripts/transfer_efficientrag.py --data ../shared/data \\
+        --models all=checkpoints/efficientrag-all hotpotqa=checkpoints/efficientrag-hotpotqa ... \\
+        --config hotpotqa=reports/efficientrag/tune-hotpotqa/best.json musique=... \\
+        --limit 200 --output reports/efficientrag/transfer
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+DATASETS = ("hotpotqa", "2wikimqa", "musique")
+
+
+def pairs(items: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise SystemExit(f"bad --{what} item {item!r}: expected NAME=PATH")
+        out[name] = value
+    return out
+
+
+def model_dirs(path: str) -> tuple[Path, Path]:
+    """``DIR`` holding ``labeler/`` and ``filter/``, or ``LABELER_DIR,FILTER_DIR``."""
+    lab, _, fil = path.partition(",")
+    lab_dir, fil_dir = (Path(lab), Path(fil)) if fil else (Path(path) / "labeler", Path(path) / "filter")
+    for d in (lab_dir, fil_dir):
+        if not (d / "effrag_config.json").is_file():
+            raise SystemExit(f"{d}: not an effrag checkpoint (no effrag_config.json)")
+    return lab_dir, fil_dir
+
+
+def render(rows: list[dict], models: list[str], datasets: list[str]) -> str:
+    cell = {(r["model"], r["dataset"]): r for r in rows}
+    lines = ["| trained on \\ evaluated on | " + " | ".join(datasets) + " |", "|---" * (len(datasets) + 1) + "|"]
+    for m in models:
+        vals = []
+        for d in datasets:
+            r = cell.get((m, d))
+            vals.append(f"{100 * r['recall']:.2f} / {r['avg_chunks']:.2f}" if r else "-")
+        lines.append(f"| {m} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, type=Path, help="folder with <dataset>/{train,dev}.jsonl")
+    p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
+    p.add_argument("--models", nargs="+", required=True, metavar="NAME=DIR",
+                   help="DIR with labeler/ and filter/ (or LABELER,FILTER)")
+    p.add_argument("--config", nargs="*", default=[], metavar="DATASET=JSON",
+                   help="loop config per evaluated dataset (e.g. the tuner's best.json); default: the loop defaults")
+    p.add_argument("--retriever", choices=["dense", "bm25"], default="dense")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast for the dense encoder and the models")
+    p.add_argument("--limit", type=int, default=0, help="first N dev questions per dataset (0 = all)")
+    p.add_argument("--batch-size", type=int, default=32, help="questions per loop call")
+    p.add_argument("--output", required=True, type=Path)
+    args = p.parse_args(argv)
+
+    import logging
+
+    from tqdm.auto import tqdm
+
+    from effrag.cli import _default_cache
+    from effrag.data import build_corpus, load_questions, map_gold
+    from effrag.evaluation.metrics import recall
+    from effrag.pipelines.efficientrag import EfficientRAGLoop, build_config, load_models
+    from effrag.retrieval import cached_retriever
+
+    logging.getLogger("effrag.models").setLevel(logging.ERROR)
+    models = {name: model_dirs(path) for name, path in pairs(args.models, "models").items()}
+    configs = pairs(args.config, "config")
+    unknown = sorted(set(configs) - set(args.datasets))
+    if unknown:
+        raise SystemExit(f"--config names datasets not evaluated: {unknown}")
+    args.output.mkdir(parents=True, exist_ok=True)
+    res_path = args.output / "results.jsonl"
+    done = {}
+    if res_path.is_file():
+        for n, line in enumerate(res_path.read_text().splitlines(), 1):
+            try:
+                row = json.loads(line)
+                done[(row["model"], row["dataset"], json.dumps(row["setup"], sort_keys=True))] = row
+            except (json.JSONDecodeError, KeyError) as e:
+                raise SystemExit(f"{res_path}:{n}: not a result row ({e}); delete the line to rerun it") from None
+    rows = []
+    with res_path.open("a") as f:
+        for ds in args.datasets:
+            dev, train = args.data / ds / "dev.jsonl", args.data / ds / "train.jsonl"
+            questions = load_questions(dev, ds)
+            questions = questions[: args.limit] if args.limit else questions
+            cfg = build_config(configs.get(ds), bf16=args.bf16 or None)
+            setup = {"questions": str(dev.resolve()), "n": len(questions), "retriever": args.retriever,
+                     "config": cfg.to_json()}
+            key = json.dumps(setup, sort_keys=True)
+            todo = [m for m in models if (m, ds, key) not in done]
+            rows += [done[(m, ds, key)] for m in models if (m, ds, key) in done]
+            if not todo:
+                continue
+            corpus = build_corpus([train, dev], ds)
+            retriever = cached_retriever(args.retriever, corpus, _default_cache(), bf16=args.bf16)
+            gold, rep = map_gold(questions, corpus, report=True)
+            missing: dict[str, list[str]] = {}
+            for qid, title in rep.missing:  # counted as not retrieved, as in `effrag eval`
+                missing.setdefault(qid, []).append(f"missing:{title}")
+            gold = [g + missing.get(q.id, []) for q, g in zip(questions, gold)]
+            texts = [q.question for q in questions]
+            for m in todo:
+                loop = EfficientRAGLoop(*load_models(*map(str, models[m])), retriever, cfg)
+                t0 = time.perf_counter()
+                results = []
+                for i in tqdm(range(0, len(texts), args.batch_size), desc=f"{m} on {ds}", unit="batch"):
+                    results += loop.run(texts[i: i + args.batch_size])
+                n = len(results)
+                row = {"model": m, "dataset": ds, "setup": setup, "labeler": str(models[m][0]),
+                       "filter": str(models[m][1]),
+                       "recall": sum(recall([c.id for c in r.chunks], g) for r, g in zip(results, gold)) / n,
+                       "avg_chunks": sum(len(r.chunks) for r in results) / n,
+                       "iterations": sum(r.iterations for r in results) / n, "seconds": time.perf_counter() - t0}
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                rows.append(row)
+    table = render(rows, list(models), args.datasets)
+    counts = {d: next(r["setup"]["n"] for r in rows if r["dataset"] == d) for d in args.datasets
+              if any(r["dataset"] == d for r in rows)}
+    cmd = " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:]))
+    text = "\n".join([
+        "# EfficientRAG transfer: recall % / average chunks (rows: training data; columns: dev file evaluated)", "",
+        table, "",
+        f"Retriever: {args.retriever} over each dataset's train + dev contexts; "
+        f"{f'the first {args.limit} (or all, if fewer)' if args.limit else 'all'} dev questions per dataset "
+        f"({', '.join(f'{d} {n}' for d, n in counts.items())}); "
+        "loop config per evaluated dataset: " + (", ".join(f"{d}: `{c}`" for d, c in configs.items()) or "defaults") + ".",
+        "", f"Command: `{cmd}`", ""])
+    (args.output / "report.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -213,10 +213,7 @@ def _cmd_eval(args) -> None:
     if rep.missing:
         print(f"effrag: warning: {len(rep.missing)} of {rep.total} gold passages are not in the corpus "
               "(counted as not retrieved)", file=sys.stderr)
-        by_q = {}
-        for qid, title in rep.missing:
-            by_q.setdefault(qid, []).append(f"missing:{title}")
-        gold = [g + by_q.get(q.id, []) for q, g in zip(questions, gold)]
+        gold = rep.counted_as_missed(questions, gold)
     method_opts = {d: getattr(args, d) for d in args.method_opts}
     llm_opts = {}
     import inspect

@@ -68,10 +68,7 @@ def setup(args):
                                                                                  args.dataset)
         retriever = cached_retriever(args.retriever, corpus, args.cache_dir or _default_cache(), bf16=args.bf16)
     gold, rep = map_gold(questions, corpus, report=True)
-    missing: dict[str, list[str]] = {}
-    for qid, title in rep.missing:  # counted as not retrieved, as in `effrag eval`
-        missing.setdefault(qid, []).append(f"missing:{title}")
-    gold = [g + missing.get(q.id, []) for q, g in zip(questions, gold)]
+    gold = rep.counted_as_missed(questions, gold)  # as in `effrag eval`
     opts = {k: getattr(args, k) for k in ("labeler", "filter", "er_config", "er_batch_size", "er_bf16", "hop_k",
                                           "max_hops", "tag_threshold", "token_threshold", "filter_threshold",
                                           "query_mode", "dedup", "max_branches", "max_candidates", "min_candidates",

@@ -98,7 +98,7 @@ def main(argv=None) -> int:
                 done[(row["model"], row["dataset"], json.dumps(row["setup"], sort_keys=True))] = row
             except (json.JSONDecodeError, KeyError) as e:
                 raise SystemExit(f"{res_path}:{n}: not a result row ({e}); delete the line to rerun it") from None
-    rows = []
+    rows, loaded = [], {}
     with res_path.open("a") as f:
         for ds in args.datasets:
             dev, train = args.data / ds / "dev.jsonl", args.data / ds / "train.jsonl"
@@ -115,13 +115,12 @@ def main(argv=None) -> int:
             corpus = build_corpus([train, dev], ds)
             retriever = cached_retriever(args.retriever, corpus, _default_cache(), bf16=args.bf16)
             gold, rep = map_gold(questions, corpus, report=True)
-            missing: dict[str, list[str]] = {}
-            for qid, title in rep.missing:  # counted as not retrieved, as in `effrag eval`
-                missing.setdefault(qid, []).append(f"missing:{title}")
-            gold = [g + missing.get(q.id, []) for q, g in zip(questions, gold)]
+            gold = rep.counted_as_missed(questions, gold)  # as in `effrag eval`
             texts = [q.question for q in questions]
             for m in todo:
-                loop = EfficientRAGLoop(*load_models(*map(str, models[m])), retriever, cfg)
+                if m not in loaded:  # each pair loads once, whatever the number of datasets
+                    loaded[m] = load_models(*map(str, models[m]))
+                loop = EfficientRAGLoop(*loaded[m], retriever, cfg)
                 t0 = time.perf_counter()
                 results = []
                 for i in tqdm(range(0, len(texts), args.batch_size), desc=f"{m} on {ds}", unit="batch"):

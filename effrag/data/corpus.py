@@ -166,6 +166,13 @@ class GoldReport:
     total: int = 0
     missing: list[tuple[str, str]] = field(default_factory=list)
 
+    def counted_as_missed(self, questions: Sequence[Question], gold: list[list[str]]) -> list[list[str]]:
+        """``gold`` with a ``"missing:<title>"`` id per passage not in the corpus: never retrieved, so recall counts it."""
+        by_q: dict[str, list[str]] = {}
+        for qid, title in self.missing:
+            by_q.setdefault(qid, []).append(f"missing:{title}")
+        return [g + by_q.get(q.id, []) for q, g in zip(questions, gold)]
+
 
 def map_gold(questions: Sequence[Question], corpus: Corpus, *, report: bool = False):
     """Corpus ids of each question's gold passages, in hop order.

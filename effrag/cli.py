@@ -77,7 +77,7 @@ def _add_retriever_args(p, required: bool) -> None:
     p.add_argument("--retriever", choices=["dense", "bm25", "hybrid"], required=required)
     p.add_argument("--encoder", metavar="PATH", help="local HF encoder folder (default: all-MiniLM-L6-v2)")
     p.add_argument("--index-type", choices=["flat", "ivf", "hnsw"], default="flat", help="FAISS index (dense)")
-    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast for encoding (~3x faster on CPU)")
+    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast for encoding (~3x faster on GPUs and AMX/AVX512-BF16 CPUs; fp32 on other CPUs, where emulated bf16 is slower: effrag.hardware)")
     p.add_argument("--bm25-article", action="store_true",
                    help="BM25 plus IRRR's article score (IDF^2, b=0 over each title's paragraphs; Appendix B)")
 

@@ -69,10 +69,10 @@ def setup(args):
         retriever = cached_retriever(args.retriever, corpus, args.cache_dir or _default_cache(), bf16=args.bf16)
     gold, rep = map_gold(questions, corpus, report=True)
     gold = rep.counted_as_missed(questions, gold)  # as in `effrag eval`
-    opts = {k: getattr(args, k) for k in ("labeler", "filter", "er_config", "er_batch_size", "er_bf16", "hop_k",
+    opts = {k: getattr(args, k) for k in ("labeler", "filter", "er_config", "er_batch_size", "er_bf16", "hop_k", "first_hop_k",
                                           "max_hops", "tag_threshold", "token_threshold", "filter_threshold",
                                           "query_mode", "dedup", "max_branches", "max_candidates", "min_candidates",
-                                          "pool_order", "retrieval_weight")}
+                                          "pool_order", "pool_source", "retrieval_weight")}
     pipe = EfficientRAGPipeline(retriever, **opts)
     return questions, gold, corpus, retriever, pipe
 

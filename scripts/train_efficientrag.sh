@@ -1,27 +1,54 @@
 #!/usr/bin/env bash
-# EfficientRAG checkpoints for one dataset (or all three pooled) from the real data:
-#   bash scripts/train_efficientrag.sh hotpotqa      # -> checkpoints/efficientrag-hotpotqa/{labeler,filter}
+# The recommended EfficientRAG model from the real data: data synthesis, Labeler + Filter training, and the loop
+# config tuned on each dev file.
 #   bash scripts/train_efficientrag.sh all           # the three train sets pooled -> checkpoints/efficientrag-all
-# Annotation-derived synthesis (no LLM; `effrag synthesize --source llm --llm SPEC` for the paper's LLM path)
-# of the train file(s) and of every dev file (validation during training), then Labeler and Filter training
-# with configs/{labeler,filter}.yaml. Every stage resumes; finished stages are reused.
-# Env: DATA (default ../shared/data), PROCESSES (CPU processes, default 1), extra args after the dataset
-# go to both trainings, e.g. `bash scripts/train_efficientrag.sh musique --train.epochs 2`.
+#   bash scripts/train_efficientrag.sh hotpotqa      # one train set -> checkpoints/efficientrag-hotpotqa
+# Writes checkpoints/efficientrag-<name>/{labeler,filter} (model cards inside), loop-<dataset>.json for hotpotqa,
+# 2wikimqa and musique (the loop config with the best dev recall within BUDGET chunks, default 7) and README.md
+# with the dev figures (Direct-R@7/10/20/30 next to EfficientRAG, recall at 1..10 chunks, plot).
+#
+# 1. Annotation-derived synthesis (no LLM; `effrag synthesize --source llm --llm SPEC` for the paper's path) of the
+#    train file(s), with NEG_PER_QUERY (default 3) hard negatives per query mined with the dense MiniLM retriever,
+#    the one the loop searches with at inference; dev files are synthesised too (validation during training).
+# 2. Labeler and Filter training with configs/{labeler,filter}.yaml on every synthesised record.
+# 3. scripts/tune_efficientrag.py on each dev file (grid TUNE_GRID), scripts/efficientrag_report.py for the card.
+# Every stage resumes; finished stages are reused. ~35 min on 2 CPU cores (fp32: this CPU class has no fast bf16).
+# Env: DATA (default ../shared/data), PROCESSES (CPU processes, default 1), BIN (default .venv/bin), LAUNCH (raw
+# `accelerate launch` arguments for GPUs, e.g. LAUNCH="--multi_gpu --num_processes 4"), BUDGET, NEG_PER_QUERY,
+# TUNE_GRID. Extra args after the dataset go to both trainings, e.g. `... all --train.epochs 2`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ds=${1:?usage: scripts/train_efficientrag.sh <hotpotqa|2wikimqa|musique|all> [train overrides]}
 shift
 DATA=${DATA:-../shared/data}
 BIN=${BIN:-.venv/bin}
+BUDGET=${BUDGET:-7}
+NEG=${NEG_PER_QUERY:-3}
+TUNE_GRID=${TUNE_GRID:-"first_hop_k=20 hop_k=5 tag_threshold=0.8 token_threshold=0.3,0.5 max_hops=3 pool_source=seen pool_order=fused,fused_logit retrieval_weight=2,4,8,16,32"}
 case "$ds" in
   all) inputs=("$DATA/hotpotqa/train.jsonl" "$DATA/2wikimqa/train.jsonl" "$DATA/musique/train.jsonl") ;;
   hotpotqa|2wikimqa|musique) inputs=("$DATA/$ds/train.jsonl") ;;
   *) echo "unknown dataset '$ds' (hotpotqa, 2wikimqa, musique or all)" >&2; exit 2 ;;
 esac
 export HF_HUB_OFFLINE=1
-"$BIN/effrag" synthesize --inputs "${inputs[@]}" --output "runs/synth/train_$ds" --source annotation
+synth="runs/synth/train_${ds}_dense_neg$NEG"
+"$BIN/effrag" synthesize --inputs "${inputs[@]}" --output "$synth" --source annotation --retriever dense \
+  --neg-per-query "$NEG"
 for d in hotpotqa 2wikimqa musique; do   # dev records: validation metrics of every run (configs' eval_files)
   "$BIN/effrag" synthesize --inputs "$DATA/$d/dev.jsonl" --output "runs/synth/dev_$d" --source annotation --quiet
 done
-"$BIN/python" scripts/train_models.py --name "$ds" --synth "runs/synth/train_$ds" \
-  --processes "${PROCESSES:-1}" ${@:+-- "$@"}
+"$BIN/python" scripts/train_models.py --name "$ds" --synth "$synth" --processes "${PROCESSES:-1}" \
+  ${LAUNCH:+--launch-args "$LAUNCH"} -- --data.max_train_examples 100000 "$@"
+ck="checkpoints/efficientrag-$ds"
+tunes=()
+for d in hotpotqa 2wikimqa musique; do  # tune on dev only; model outputs are cached across the grid
+  # shellcheck disable=SC2086
+  "$BIN/python" scripts/tune_efficientrag.py --labeler "$ck/labeler" --filter "$ck/filter" \
+    --questions "$DATA/$d/dev.jsonl" --corpus-from "$DATA/$d/train.jsonl" --retriever dense --bf16 --n 0 \
+    --grid $TUNE_GRID --chunk-budget "$BUDGET" --output "runs/tune/$ds-$d" > /dev/null  # table: runs/tune/*/table.md
+  cp "runs/tune/$ds-$d/best.json" "$ck/loop-$d.json"
+  tunes+=("$d=runs/tune/$ds-$d")
+done
+"$BIN/python" scripts/efficientrag_report.py --tune "${tunes[@]}" --budget "$BUDGET" \
+  --output "runs/tune/$ds-report" --card "$ck"
+echo "EfficientRAG model in $ck: labeler/, filter/, loop-{hotpotqa,2wikimqa,musique}.json, README.md"

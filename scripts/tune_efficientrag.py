@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import itertools
 import json
 import sys
 import time
@@ -33,62 +32,17 @@ _spec = importlib.util.spec_from_file_location("bench_efficientrag", _BENCH)
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
-GRID_TYPES = {"hop_k": int, "max_hops": int, "max_branches": int, "max_candidates": int, "min_candidates": int,
-              "pool_order": str, "retrieval_weight": float,
-              "tag_threshold": float, "token_threshold": float, "filter_threshold": float,
-              "query_mode": str, "dedup": str}
-
-
-class CachedRetriever:
-    def __init__(self, retriever):
-        self.retriever, self.cache = retriever, {}
-
-    def search(self, queries, k):
-        todo = [q for q in dict.fromkeys(queries) if (q, k) not in self.cache]
-        if todo:
-            for q, hits in zip(todo, self.retriever.search(todo, k)):
-                self.cache[(q, k)] = hits
-        return [self.cache[(q, k)] for q in queries]
-
-
-class CachedModel:
-    """Memoises ``predict`` per input (the options of one tuning run are fixed)."""
-
-    def __init__(self, model, pairs: bool):
-        self.model, self.pairs, self.cache = model, pairs, {}
-
-    def predict(self, *args, **kw):
-        keys = list(zip(args[0], map(tuple, args[1]))) if self.pairs else [tuple(w) for w in args[0]]
-        todo = list(dict.fromkeys(k for k in keys if k not in self.cache))
-        if todo:
-            inputs = ([k[0] for k in todo], [list(k[1]) for k in todo]) if self.pairs else ([list(k) for k in todo],)
-            for key, out in zip(todo, self.model.predict(*inputs, **kw)):
-                self.cache[key] = out
-        return [self.cache[k] for k in keys]
-
-
-def parse_grid(items: list[str]) -> list[dict]:
-    axes = {}
-    for item in items:
-        name, sep, values = item.partition("=")
-        if not sep or name not in GRID_TYPES:
-            raise SystemExit(f"bad --grid item {item!r}: expected NAME=V1,V2 with NAME in {sorted(GRID_TYPES)}")
-        try:
-            axes[name] = [GRID_TYPES[name](v) for v in values.split(",") if v]
-        except ValueError as e:
-            raise SystemExit(f"bad value in --grid {item!r}: {e}") from None
-    names = list(axes)
-    return [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
-
-
-def pareto(rows: list[dict]) -> set[int]:
-    """Indices of rows no other row beats on both recall (higher) and chunks (fewer)."""
-    front = set()
-    for i, r in enumerate(rows):
-        if not any(o["recall"] >= r["recall"] and o["avg_chunks"] <= r["avg_chunks"]
-                   and (o["recall"] > r["recall"] or o["avg_chunks"] < r["avg_chunks"]) for o in rows):
-            front.add(i)
-    return front
+def curve_table(direct: list[dict], er: list[dict]) -> list[str]:
+    by_k = {d["k"]: d for d in direct}
+    lines = ["## Recall vs chunks (best config within each budget, vs Direct-R@k)", "",
+             "| chunks | Direct-R recall | EfficientRAG recall | EfficientRAG avg chunks | ahead |",
+             "|---:|---:|---:|---:|:---:|"]
+    for e in er:
+        d = by_k.get(e["budget"])
+        if d:
+            lines.append(f"| {e['budget']} | {100 * d['recall']:.2f} | {100 * e['recall']:.2f} | "
+                         f"{e['avg_chunks']:.2f} | {'yes' if e['recall'] > d['recall'] else 'no'} |")
+    return lines + [""]
 
 
 def main(argv=None) -> int:
@@ -99,13 +53,19 @@ def main(argv=None) -> int:
     p.add_argument("--chunk-budget", type=float, default=None, help="best = highest recall with at most this many "
                    "average chunks (default: highest recall, fewer chunks on ties)")
     p.add_argument("--batch-size", type=int, default=64, help="questions per loop call")
+    p.add_argument("--curve-max", type=int, default=10, help="recall of each pool truncated at 1..N chunks "
+                   "(= max_candidates N); with --chunk-budget, truncations compete for best too")
     p.add_argument("--output", required=True, type=Path)
     args = p.parse_args(argv)
     from tqdm.auto import tqdm
 
-    from effrag.evaluation.metrics import recall
+    from effrag.tuning import (CachedModel, CachedRetriever, best_per_budget, best_within, direct_r_curve,
+                               parse_grid, pareto, score_results)
 
-    grid = parse_grid(args.grid)
+    try:
+        grid = parse_grid(args.grid)
+    except ValueError as e:
+        p.error(str(e))
     questions, gold, corpus, retriever, pipe = bench.setup(args)
     loop = pipe.loop
     base = loop.config
@@ -134,25 +94,23 @@ def main(argv=None) -> int:
             loop.config = cfg
             t0 = time.perf_counter()
             results = [r for i in range(0, len(texts), args.batch_size) for r in loop.run(texts[i: i + args.batch_size])]
-            n = len(results)
             row = {"config": cfg.to_json(), "changes": changes, "setup": meta,
-                   "recall": sum(recall([c.id for c in r.chunks], g) for r, g in zip(results, gold)) / n,
-                   "avg_chunks": sum(len(r.chunks) for r in results) / n,
-                   # the ceiling of any pool order or cap: gold passages among every chunk the loop labeled
-                   "seen_recall": sum(recall([c["id"] for e in r.trace for c in e["chunks"]], g)
-                                      for r, g in zip(results, gold)) / n,
-                   "avg_seen": sum(sum(len(e["chunks"]) for e in r.trace) for r in results) / n,
-                   "iterations": sum(r.iterations for r in results) / n,
-                   "empty_pool": sum(not r.chunks for r in results) / n, "seconds": time.perf_counter() - t0}
+                   **score_results(results, gold, args.curve_max), "seconds": time.perf_counter() - t0}
             f.write(json.dumps(row) + "\n")
             f.flush()
             done[key] = row
     rows = sorted(done.values(), key=lambda r: (-r["recall"], r["avg_chunks"]))
     front = pareto(rows)
-    ok = [r for r in rows if args.chunk_budget is None or r["avg_chunks"] <= args.chunk_budget]
+    best = best_within(rows, args.chunk_budget)
+    ok = [best] if best else []
     if ok:
         (args.output / "best.json").write_text(json.dumps({"config": ok[0]["config"], "metrics": {
-            k: ok[0][k] for k in ("recall", "avg_chunks", "iterations", "empty_pool")}, "setup": meta}, indent=2))
+            k: ok[0][k] for k in ("recall", "avg_chunks", "iterations", "empty_pool", "seen_recall", "avg_seen")
+            if k in ok[0]}, "curve": ok[0].get("curve"), "setup": meta}, indent=2))
+    direct = direct_r_curve(retriever, texts, gold, max(args.curve_max, 30))  # @20/@30 for the Table-2 shape
+    (args.output / "curve.json").write_text(json.dumps(
+        {"setup": meta, "direct_r": direct,
+         "efficientrag": best_per_budget(rows, range(1, args.curve_max + 1))}, indent=2))
     names = sorted({k for r in rows for k in r["changes"]})
     lines = [f"# EfficientRAG tuning: {len(questions)} questions of {meta['questions']}", "",
              "| " + " | ".join(names) + " | recall | avg chunks | iterations | empty pool | seen recall | seen chunks "
@@ -164,7 +122,10 @@ def main(argv=None) -> int:
                      f"{r['iterations']:.2f} | {100 * r['empty_pool']:.1f}% | "
                      + (f"{100 * r['seen_recall']:.2f} | {r['avg_seen']:.1f} | " if "seen_recall" in r else "- | - | ")
                      + f"{'*' if i in front else ''} |")
-    lines += ["", f"best (chunk budget {args.chunk_budget}): " + (json.dumps(ok[0]["changes"]) if ok else "none"), ""]
+    lines += ["", f"best (chunk budget {args.chunk_budget}): " + (
+        json.dumps(ok[0]["changes"]) + f" max_candidates={ok[0]['config']['max_candidates']}: recall "
+        f"{100 * ok[0]['recall']:.2f} with {ok[0]['avg_chunks']:.2f} chunks" if ok else "none"), ""]
+    lines += curve_table(direct, best_per_budget(rows, range(1, args.curve_max + 1)))
     (args.output / "table.md").write_text("\n".join(lines))
     print("\n".join(lines))
     return 0

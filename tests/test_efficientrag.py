@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 import pytest
 import torch
@@ -255,8 +256,45 @@ def test_fused_pool_order_keeps_what_the_retriever_is_sure_of(models, retriever,
     for c, r in zip(heavy, capped):  # the cap keeps the head of that order
         assert [x.id for x in r.chunks] == [x.id for x in c.chunks[:3]]
     assert any([x.hop for x in r.chunks] != sorted(x.hop for x in r.chunks) for r in heavy)
+    logit = make_loop(models, retriever, pool_order="fused_logit", retrieval_weight=1.0, **kw).run(questions)
+    for a, b in zip(by_hop, logit):
+        assert sorted(x.id for x in a.chunks) == sorted(x.id for x in b.chunks)
+        ps = [min(max(x.score, 1e-6), 1 - 1e-6) for x in b.chunks]  # log-odds, clipped as the loop clips
+        keys = [math.log(p / (1 - p)) + x.retrieval_score for p, x in zip(ps, b.chunks)]
+        assert keys == sorted(keys, reverse=True)
     with pytest.raises(ValueError, match="pool_order"):
         EfficientRAGConfig(pool_order="random")
+
+
+def test_first_hop_k_reads_deeper_for_the_question_only(models, retriever, questions):
+    res = make_loop(models, retriever, tag=20.0, token=20.0, max_hops=2, hop_k=2, first_hop_k=5).run(questions)
+    for r in res:
+        assert [len(ids) for ids in r.trace[0]["retrieved"]] == [5]
+        assert r.trace[0]["retrieved"][0] == [h.id for h in retriever.search([r.question], 5)[0]]
+        assert all(len(ids) <= 2 for e in r.trace[1:] for ids in e["retrieved"])
+        assert any(ids for e in r.trace[1:] for ids in e["retrieved"])
+    with pytest.raises(ValueError, match="first_hop_k"):
+        EfficientRAGConfig(first_hop_k=0)
+
+
+def test_seen_pool_source_ranks_every_labeled_chunk(models, retriever, questions):
+    kw = dict(max_hops=2, pool_order="fused", retrieval_weight=0.5)
+    paper = make_loop(models, retriever, **kw).run(questions)
+    seen = make_loop(models, retriever, pool_source="seen", **kw).run(questions)
+    for a, b in zip(paper, seen):
+        # the same loop (tags steer it alike), but the pool is every chunk the Labeler read, in one order
+        assert a.trace == b.trace
+        assert sorted(c.id for c in b.chunks) == sorted(labeled_ids(b))
+        keys = [c.score + 0.5 * c.retrieval_score for c in b.chunks]
+        assert keys == sorted(keys, reverse=True)
+        assert {c.id for c in b.chunks if not c.fallback} == {c.id for c in a.chunks}
+        assert all((c.score >= 0.5) != c.fallback for c in b.chunks)
+    assert any(any(c.fallback for c in r.chunks[:3]) for r in seen)  # a <Terminate> chunk can outrank a <Continue> one
+    capped = make_loop(models, retriever, pool_source="seen", max_candidates=3, **kw).run(questions)
+    for c, r in zip(seen, capped):
+        assert [x.id for x in r.chunks] == [x.id for x in c.chunks[:3]]
+    with pytest.raises(ValueError, match="pool_source"):
+        EfficientRAGConfig(pool_source="everything")
 
 
 def test_batched_equals_one_at_a_time(models, retriever, questions):

@@ -163,6 +163,24 @@ def test_negatives_are_retrieved_non_gold_chunks(train, annotated):
         assert neg[0]["chunk_id"] == first.id
 
 
+def test_several_dense_negatives_per_query_are_the_best_non_gold_hits(train, annotated):
+    """The recommended recipe's data path: NEG_PER_QUERY=3 negatives per query from the dense retriever."""
+    from effrag.retrieval import build_retriever
+
+    items = [(q, a.filters) for ds in DATASETS for q, a in annotated[ds][:4]]
+    retriever = build_retriever("dense", Corpus.from_questions([q for q, _ in items]), show_progress=False)
+    negs = mine_negatives(items, retriever, k=10, per_query=3)
+    for (q, filters), neg in zip(items, negs):
+        gold_titles = {p.title for p in q.gold}
+        for hop, query in negative_queries(q, filters):
+            mine = [r["chunk_id"] for r in neg if r["query"] == query]
+            expected = [h.id for h in retriever.search([query], 10)[0]
+                        if h.id not in q.gold_ids and h.title not in gold_titles][:3]
+            assert mine == expected and len(mine) == 3
+    with pytest.raises(ValueError, match="per_query"):
+        mine_negatives(items, retriever, k=2, per_query=3)
+
+
 # ------------------------------------------------------------------ resumable output
 
 def test_writer_drops_partial_lines_and_unfinished_items(tmp_path):

@@ -250,9 +250,12 @@ def predict_batches(model: "EncoderWithHeads", encoded: list, batch_size: int, b
     """
     from .tokenization import length_batches, pad_batch
 
+    from ..hardware import resolve_bf16
+
     was_training = model.training
     model.eval()
     device = model.device
+    bf16 = resolve_bf16(bf16, device.type)
     try:
         for idx in length_batches([len(e.input_ids) for e in encoded], batch_size):
             batch = pad_batch([encoded[i].features() for i in idx], model.tokenizer.pad_token_id)

@@ -18,6 +18,7 @@ only on its own inputs, so batched and one-at-a-time runs agree.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, fields
@@ -30,7 +31,8 @@ from .base import Pipeline, register_pipeline
 QUERY_MODES = ("merged", "per_chunk")
 DEDUP_MODES = ("refill", "drop")
 CHUNK_FORMATS = ("title_text", "text")
-POOL_ORDERS = ("hop", "fused")
+POOL_ORDERS = ("hop", "fused", "fused_logit")
+POOL_SOURCES = ("continue", "seen")
 INFO = ["Info", ":"]
 CONTINUE, TERMINATE = "<Continue>", "<Terminate>"
 
@@ -39,7 +41,9 @@ CONTINUE, TERMINATE = "<Continue>", "<Terminate>"
 class EfficientRAGConfig:
     """Loop options (tune on dev: ``scripts/tune_efficientrag.py``).
 
-    ``max_hops`` counts retrieval rounds, hop 0 included. ``query_mode``:
+    ``max_hops`` counts retrieval rounds, hop 0 included. ``first_hop_k`` (default: ``hop_k``)
+    is hop 0's depth: the question is the best query the loop has, so reading deeper there and
+    letting the Labeler rank what it read costs one hop of pairs and no extra retrieval round. ``query_mode``:
     ``merged`` = all kept words of a hop form one next query (as synthesised and as in
     the paper's code); ``per_chunk`` = each <Continue> chunk spawns its own query from
     the query that found it plus its own kept words (at most ``max_branches`` per hop,
@@ -51,11 +55,19 @@ class EfficientRAGConfig:
     ``pool_order`` decides which chunks survive the cap: ``hop`` (earlier hop first, then
     p(<Continue>)) or ``fused`` (p(<Continue>) + ``retrieval_weight`` x the retriever's score,
     so a chunk the retriever is sure of is not pushed out by a later hop's weak one; the
-    weight depends on the retriever's score scale: tune it on dev per retriever).
+    weight depends on the retriever's score scale: tune it on dev per retriever) or ``fused_logit``
+    (log-odds of p(<Continue>) + ``retrieval_weight`` x the retriever's score: a logistic model of the
+    two signals, which keeps the Labeler's ranking among chunks it is very sure of).
     <Continue> chunks always rank before top-up chunks.
+    ``pool_source``: ``continue`` (the paper) builds the pool from <Continue> chunks (then the
+    ``min_candidates`` top-up); ``seen`` ranks every chunk the Labeler read, <Continue> or not,
+    in ``pool_order`` as one list, so ``max_candidates`` keeps the best-scored chunks whatever
+    their tag. The tag then only steers the loop (which chunks give kept words for the next
+    query); the pool is the Labeler used as a reranker of everything the loop retrieved.
     """
 
     hop_k: int = 10
+    first_hop_k: int | None = None
     max_hops: int = 4  # as the paper's released code (MAX_ITER = 4)
     tag_threshold: float = 0.5
     token_threshold: float = 0.5
@@ -66,6 +78,7 @@ class EfficientRAGConfig:
     max_candidates: int | None = None
     min_candidates: int = 0
     pool_order: str = "hop"
+    pool_source: str = "continue"
     retrieval_weight: float = 1.0
     chunk_format: str = "title_text"
     batch_size: int = 32
@@ -75,12 +88,14 @@ class EfficientRAGConfig:
 
     def __post_init__(self) -> None:
         for name, allowed in (("query_mode", QUERY_MODES), ("dedup", DEDUP_MODES), ("chunk_format", CHUNK_FORMATS),
-                              ("pool_order", POOL_ORDERS)):
+                              ("pool_order", POOL_ORDERS), ("pool_source", POOL_SOURCES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"EfficientRAGConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         for name in ("hop_k", "max_hops", "max_branches", "batch_size"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"EfficientRAGConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.first_hop_k is not None and self.first_hop_k < 1:
+            raise ValueError(f"EfficientRAGConfig.first_hop_k must be >= 1 or None, got {self.first_hop_k}")
         if self.max_candidates is not None and self.max_candidates < 1:
             raise ValueError(f"EfficientRAGConfig.max_candidates must be >= 1 or None, got {self.max_candidates}")
         if self.min_candidates < 0:
@@ -99,6 +114,11 @@ class EfficientRAGConfig:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _logit(p: float, eps: float = 1e-6) -> float:
+    p = min(max(p, eps), 1.0 - eps)
+    return math.log(p / (1.0 - p))
 
 
 def chunk_text(title: str, text: str, chunk_format: str = "title_text") -> str:
@@ -200,8 +220,11 @@ class EfficientRAGLoop:
                 self._words[cid] = ws
         return [self._words[h.id] for h in hits]
 
-    def _k_for(self, st: _State, qi: int) -> int:
-        k = self.config.hop_k
+    def _hop_k(self, hop: int) -> int:
+        return self.config.first_hop_k if hop == 0 and self.config.first_hop_k else self.config.hop_k
+
+    def _k_for(self, st: _State, qi: int, hop: int) -> int:
+        k = self._hop_k(hop)
         if self.config.dedup == "drop":
             return k
         need = k * (qi + 1) + len(st.seen)  # earlier queries of this hop may take up to k each
@@ -235,14 +258,15 @@ class EfficientRAGLoop:
         # 1. retrieval: every query of every active question, one retriever call per distinct k
         reqs = [(s, qi) for s in active for qi in range(len(s.queries))]
         t0 = time.perf_counter()
-        hits = self._search([s.queries[qi] for s, qi in reqs], [self._k_for(s, qi) for s, qi in reqs])
+        hits = self._search([s.queries[qi] for s, qi in reqs], [self._k_for(s, qi, hop) for s, qi in reqs])
         t_ret = time.perf_counter() - t0
         # 2. up to hop_k chunks per query that this question has not seen in any hop
         pairs: list[tuple[_State, int, Any]] = []
+        hop_k = self._hop_k(hop)
         for (s, qi), hs in zip(reqs, hits):
             new = []
             for h in hs:
-                if len(new) == cfg.hop_k:
+                if len(new) == hop_k:
                     break
                 if h.id in s.seen:
                     s.entry["skipped_seen"] += 1
@@ -309,9 +333,14 @@ class EfficientRAGLoop:
         cfg = self.config
         if cfg.pool_order == "fused":
             pool_key = extra_key = lambda c: (-(c.score + cfg.retrieval_weight * c.retrieval_score), c.hop)
+        elif cfg.pool_order == "fused_logit":
+            pool_key = extra_key = lambda c: (-(_logit(c.score) + cfg.retrieval_weight * c.retrieval_score), c.hop)
         else:
             pool_key, extra_key = (lambda c: (c.hop, -c.score)), (lambda c: (-c.score, c.hop))
-        pool = sorted(s.pool, key=pool_key)
+        if cfg.pool_source == "seen":  # one ranking of every labeled chunk; rejected ones flagged
+            pool = sorted(s.pool + [Chunk(**{**asdict(c), "fallback": True}) for c in s.rejected], key=extra_key)
+        else:
+            pool = sorted(s.pool, key=pool_key)
         if len(pool) < cfg.min_candidates:
             extra = sorted(s.rejected, key=extra_key)[: cfg.min_candidates - len(pool)]
             pool += [Chunk(**{**asdict(c), "fallback": True}) for c in extra]
@@ -326,6 +355,7 @@ class EfficientRAGLoop:
 
 _FLAGS = {  # effrag eval flag -> (type, help); dest = config field (except --er-batch-size -> batch_size)
     "--hop-k": (int, "chunks retrieved per query per hop (default 10)"),
+    "--first-hop-k": (int, "chunks retrieved for the question at hop 0 (default: --hop-k)"),
     "--max-hops": (int, "retrieval rounds, hop 0 included (default 4)"),
     "--tag-threshold": (float, "p(<Continue>) needed to keep a chunk and go on (default 0.5)"),
     "--token-threshold": (float, "keep probability of a chunk word (default 0.5)"),
@@ -335,7 +365,9 @@ _FLAGS = {  # effrag eval flag -> (type, help); dest = config field (except --er
     "--max-branches": (int, "per_chunk mode: next queries per question per hop (default 4)"),
     "--max-candidates": (int, "cap on the candidate pool (default: none)"),
     "--min-candidates": (int, "top up the pool with the likeliest <Terminate> chunks (default 0)"),
-    "--pool-order": (str, "hop: earlier hop, then p(<Continue>); fused: p(<Continue>) + weight x retrieval score"),
+    "--pool-order": (str, "hop: earlier hop, then p(<Continue>); fused: p(<Continue>) + weight x retrieval score; "
+                    "fused_logit: logit p(<Continue>) + weight x retrieval score"),
+    "--pool-source": (str, "continue: pool of <Continue> chunks (paper); seen: rank every chunk the Labeler read"),
     "--retrieval-weight": (float, "pool-order fused: weight of the retriever's score (default 1.0)"),
     "--er-batch-size": (int, "Labeler/Filter forward batch size (default 32)"),
 }
@@ -405,9 +437,10 @@ class EfficientRAGPipeline(Pipeline):
         g.add_argument("--filter", metavar="DIR", help="trained Filter checkpoint directory")
         g.add_argument("--er-config", metavar="JSON", help="loop config file (e.g. the tuner's best.json)")
         for flag, (typ, help_) in _FLAGS.items():
-            choices = {"--query-mode": QUERY_MODES, "--dedup": DEDUP_MODES, "--pool-order": POOL_ORDERS}.get(flag)
+            choices = {"--query-mode": QUERY_MODES, "--dedup": DEDUP_MODES, "--pool-order": POOL_ORDERS,
+                       "--pool-source": POOL_SOURCES}.get(flag)
             g.add_argument(flag, type=typ, default=None, choices=choices, help=help_)
-        g.add_argument("--er-bf16", action="store_true", default=None, help="bf16 autocast for Labeler/Filter")
+        g.add_argument("--er-bf16", action="store_true", default=None, help="bf16 autocast for Labeler/Filter (fp32 on CPUs without native bf16)")
 
     def run(self, question: str) -> dict[str, Any]:
         return self.run_batch([question])[0]

@@ -43,8 +43,11 @@ def _forward(model, encodings: list, batch_size: int, bf16: bool):
     """Model outputs for each encoding (length-sorted batches), as a list of per-item dicts of tensors."""
     from ..models.tokenization import length_batches, pad_batch
 
+    from ..hardware import resolve_bf16
+
     results: list[Any] = [None] * len(encodings)
     device = model.device
+    bf16 = resolve_bf16(bf16, device.type)
     for idx in length_batches([len(e.input_ids) for e in encodings], batch_size):
         feats = [{"input_ids": encodings[i].input_ids, "attention_mask": encodings[i].attention_mask,
                   "token_type_ids": encodings[i].token_type_ids} for i in idx]

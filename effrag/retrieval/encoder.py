@@ -133,7 +133,9 @@ class Encoder:
         if not texts:
             return out
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
-        use_bf16 = self.bf16
+        from ..hardware import resolve_bf16
+
+        use_bf16 = resolve_bf16(self.bf16, "cuda" if self.device.startswith("cuda") else "cpu")
         autocast = (torch.autocast(device_type="cuda" if self.device.startswith("cuda") else "cpu",
                                    dtype=torch.bfloat16) if use_bf16 else nullcontext())
         bar = progress or tqdm(total=len(texts), desc="encoding", unit="text", disable=not show_progress)

@@ -52,9 +52,14 @@ def make_accelerator(cfg: Config):
     cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
     if cpu and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         handlers.append(InitProcessGroupKwargs(backend="gloo"))  # NCCL is GPU-only; DeepSpeed on CPU needs gloo
+    precision = tc.mixed_precision
+    if precision == "bf16" and cpu:
+        from ..hardware import resolve_bf16
+
+        precision = "bf16" if resolve_bf16(True, "cpu") else "no"  # emulated bf16 is 10-20x slower than fp32
     return Accelerator(
         gradient_accumulation_steps=tc.grad_accum,
-        mixed_precision=tc.mixed_precision,
+        mixed_precision=precision,
         log_with="wandb" if tc.report_to == "wandb" else None,
         project_dir=tc.output_dir,
         kwargs_handlers=handlers,

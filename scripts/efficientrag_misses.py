@@ -1,0 +1,95 @@
+#!/usr/bin/env python
+"""Where EfficientRAG loses gold passages, read from the per-hop traces of ``effrag eval`` runs.
+
+Each gold passage of each question is put in one class:
+
+* ``in pool``: in the returned chunks (what recall counts);
+* ``labeled at hop h, cut``: retrieved and read by the Labeler at hop h, but ranked below the pool's cap
+  (a ranking loss: a better pool order or Labeler would keep it);
+* ``never retrieved``: no query of any hop found it (a query loss: hop 0's depth, or the next queries
+  the Filter wrote from the kept words, did not reach it).
+
+It also counts, per hop, how many gold passages were first seen there, and gives examples of next
+queries that missed (question, kept words, next query, the missing gold title).
+
+    python scripts/efficientrag_misses.py runs/eval/hotpotqa runs/eval/musique --output reports/efficientrag/misses.md
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+
+def read_rows(run: Path) -> list[dict]:
+    path = run / "predictions.jsonl" if run.is_dir() else run
+    if not path.is_file():
+        raise SystemExit(f"{path}: no predictions.jsonl (an `effrag eval --method efficientrag` output folder)")
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"{path}:{n}: not JSON ({e})") from None
+        if "hops" not in (row.get("trace") or {}):
+            raise SystemExit(f"{path}:{n}: no per-hop trace (not an EfficientRAG run?)")
+        rows.append(row)
+    return rows
+
+
+def classify(rows: list[dict]) -> tuple[Counter, Counter, list[str]]:
+    classes, first_seen, examples = Counter(), Counter(), []
+    for row in rows:
+        pool = set(row["retrieved"])
+        seen_at: dict[str, int] = {}
+        for entry in row["trace"]["hops"]:
+            for c in entry["chunks"]:
+                seen_at.setdefault(c["id"], entry["hop"])
+        for g in row["gold"]:
+            if g in seen_at:
+                first_seen[seen_at[g]] += 1
+            if g in pool:
+                classes["in pool"] += 1
+            elif g in seen_at:
+                classes[f"labeled at hop {seen_at[g]}, cut"] += 1
+            else:
+                classes["never retrieved"] += 1
+                hops = row["trace"]["hops"]
+                if len(examples) < 6 and len(hops) > 1:
+                    kept = [f"{c['title']}: {c['kept']}" for c in hops[0]["chunks"] if c["tag"] == "<Continue>"][:2]
+                    examples.append(f"- Q: {row['question']}\n  - kept at hop 0: {kept}\n  - next queries: "
+                                    f"{[e['queries'] for e in hops[1:]]}\n  - missing gold id: {g}")
+    return classes, first_seen, examples
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", type=Path, help="effrag eval output folders (or predictions.jsonl files)")
+    p.add_argument("--output", type=Path, help="write the markdown here (default: print only)")
+    args = p.parse_args(argv)
+    lines = ["| run | gold passages | in pool | labeled, cut (by hop) | never retrieved | first seen per hop |",
+             "|---|---:|---:|---|---:|---|"]
+    notes = []
+    for run in args.runs:
+        rows = read_rows(run)
+        classes, first_seen, examples = classify(rows)
+        total = sum(classes.values())
+        cut = ", ".join(f"hop {k.split()[3].rstrip(',')}: {v}" for k, v in sorted(classes.items()) if k.endswith("cut"))
+        pct = lambda v: f"{v} ({100 * v / max(1, total):.1f}%)"  # noqa: E731
+        lines.append(f"| {run} | {total} | {pct(classes['in pool'])} | {cut or '-'} | {pct(classes['never retrieved'])} | "
+                     + ", ".join(f"hop {h}: {v}" for h, v in sorted(first_seen.items())) + " |")
+        notes += [f"\n### {run}: gold never retrieved (first examples)\n", *examples]
+    text = "\n".join(lines + notes) + "\n"
+    print(text)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

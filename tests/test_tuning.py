@@ -1,0 +1,94 @@
+"""Loop tuning (effrag.tuning): grid parsing, cached model calls, scores, caps within a chunk budget."""
+from __future__ import annotations
+
+import pytest
+
+from effrag.pipelines.efficientrag import Chunk, LoopResult
+from effrag.retrieval.base import Hit
+from effrag.tuning import (CachedModel, CachedRetriever, best_per_budget, best_within, candidates, direct_r_curve,
+                           parse_grid, score_results)
+
+
+def test_parse_grid_products_and_types():
+    grid = parse_grid(["hop_k=5,10", "pool_source=seen,continue", "retrieval_weight=0.5"])
+    assert len(grid) == 4
+    assert grid[0] == {"hop_k": 5, "pool_source": "seen", "retrieval_weight": 0.5}
+    assert {g["hop_k"] for g in grid} == {5, 10} and all(isinstance(g["hop_k"], int) for g in grid)
+    for bad, msg in (("hopk=5", "expected NAME"), ("hop_k=five", "bad value"), ("hop_k=", "no values"),
+                     ("batch_size=8", "expected NAME")):
+        with pytest.raises(ValueError, match=msg):
+            parse_grid([bad])
+
+
+class Counting:
+    def __init__(self):
+        self.calls = []
+
+    def predict(self, *args, **kw):
+        self.calls.append(args)
+        return [len(a) for a in args[0]]
+
+    def search(self, queries, k):
+        self.calls.append((tuple(queries), k))
+        return [[q] * k for q in queries]
+
+
+def test_cached_model_and_retriever_call_once_per_input():
+    m = Counting()
+    cached = CachedModel(m, pairs=True)
+    assert cached.predict(["q1", "q2", "q1"], [["a"], ["b"], ["a"]]) == [2, 2, 2]
+    assert cached.predict(["q1", "q3"], [["a"], ["c"]]) == [2, 2]
+    assert m.calls == [(["q1", "q2"], [["a"], ["b"]]), (["q3"], [["c"]])]  # only new inputs reach the model
+    r = Counting()
+    cr = CachedRetriever(r)
+    cr.search(["a", "b"], 3)
+    cr.search(["b", "c"], 3)
+    cr.search(["b"], 5)
+    assert r.calls == [(("a", "b"), 3), (("c",), 3), (("b",), 5)]
+
+
+def result(ids, seen_extra=()):
+    chunks = [Chunk(id=i, title=i, text="", score=0.5, hop=0) for i in ids]
+    trace = [{"chunks": [{"id": i} for i in [*ids, *seen_extra]]}]
+    return LoopResult(question="q", chunks=chunks, trace=trace, iterations=1, timing={})
+
+
+def test_score_results_recall_seen_and_curve():
+    results = [result(["a", "x", "b"]), result(["y"], seen_extra=["c"])]
+    gold = [["a", "b"], ["c", "d"]]
+    s = score_results(results, gold, curve_max=3)
+    assert s["recall"] == pytest.approx((1.0 + 0.0) / 2)
+    assert s["seen_recall"] == pytest.approx((1.0 + 0.5) / 2)
+    assert s["avg_chunks"] == 2.0 and s["avg_seen"] == 2.5
+    # cut at 1: a (1/2) + nothing; at 2: same; at 3: a, b -> 1.0; chunks min(c, len)
+    assert s["curve"] == [[1, 0.25, 1.0], [2, 0.25, 1.5], [3, 0.5, 2.0]]
+    with pytest.raises(ValueError):
+        score_results(results, gold[:1])
+
+
+def row(recall, chunks, curve, cap=None, name="r"):
+    return {"config": {"max_candidates": cap, "name": name}, "recall": recall, "avg_chunks": chunks, "curve": curve}
+
+
+def test_caps_compete_within_a_budget():
+    wide = row(0.9, 12.0, [[5, 0.70, 5.0], [7, 0.84, 7.0], [10, 0.88, 10.0]], name="wide")
+    narrow = row(0.80, 6.5, [[5, 0.78, 5.0], [7, 0.80, 6.5]], name="narrow")
+    best = best_within([wide, narrow], 7)
+    assert best["config"] == {"max_candidates": 7, "name": "wide"} and best["recall"] == 0.84
+    assert best_within([wide, narrow], 5.5)["config"]["name"] == "narrow"
+    assert best_within([wide], 3) is None
+    assert best_within([wide, narrow], None)["recall"] == 0.9  # no budget: the uncapped run
+    capped = row(0.8, 5.0, [[5, 0.8, 5.0], [6, 0.8, 5.0]], cap=5)
+    assert [c["config"]["max_candidates"] for c in candidates([capped], None)] == [5]  # no cap above its own
+    per = best_per_budget([wide, narrow], [5, 7, 10])
+    assert [(p["budget"], p["recall"]) for p in per] == [(5, 0.78), (7, 0.84), (10, 0.88)]
+
+
+def test_direct_r_curve():
+    class R:
+        def search(self, queries, k):
+            return [[Hit(id=i, score=1.0, title=i, text="") for i in ("a", "x", "b", "y")][:k] for _ in queries]
+
+    curve = direct_r_curve(R(), ["q1", "q2"], [["a", "b"], ["z"]], 3)
+    assert [c["recall"] for c in curve] == [0.25, 0.25, 0.5]
+    assert [c["avg_chunks"] for c in curve] == [1.0, 2.0, 3.0]

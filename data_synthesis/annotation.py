@@ -54,7 +54,7 @@ from effrag.text import join_words, words
 
 from .align import (WH_WORDS, align, content_keys, is_content, is_punct, key_matches,
                     normalize_chars, word_key)
-from .llm_steps import INFO, chunk_text, filter_input_words
+from effrag.text import INFO, filter_input_words, passage_text
 
 SOURCE = "annotation"
 _REF = re.compile(r"#(\d+)")
@@ -126,7 +126,7 @@ class ChunkView:
 
     def __init__(self, p: Passage):
         self.passage = p
-        self.text = chunk_text(p)
+        self.text = passage_text(p)
         self.words = words(self.text)
         self.keys = [word_key(normalize_chars(w)) for w in self.words]
         self.content = [is_content(w) for w in self.words]

@@ -30,13 +30,12 @@ from typing import Any, Callable
 from effrag.data.records import Passage, Question
 from effrag.llm import LLM, JSONParseError, LLMRequestError, parse_json_loose
 from effrag.prompts import load_prompt
-from effrag.text import join_words, words
+from effrag.text import INFO, filter_input_words, join_words, passage_text, words
 
 from .align import align, content_keys
 
 SOURCE = "llm"
 COMPARISON_TYPES = {"comparison"}  # sub-questions independent of each other (HotpotQA / 2Wiki "comparison")
-INFO = ["Info", ":"]  # words opening each known-information block of the Filter input
 _NORM = re.compile(r"[^0-9a-z]+")
 
 
@@ -71,24 +70,7 @@ class LLMStepsConfig:
     max_tokens_filter: int = 96
 
 
-# ------------------------------------------------------------------ shared text helpers
-
-def chunk_text(p: Passage) -> str:
-    """What a chunk looks like to the models: ``"<title>: <text>"`` (the paper's document format)."""
-    return f"{p.title}: {p.text}" if p.title else p.text
-
-
-def filter_input_words(query: str, kept: list[list[str]]) -> list[str]:
-    """Filter input ``"<query> Info: <kept words 1> Info: <kept words 2> ..."`` as words.
-
-    Built part by part (not by re-tokenising the joined string) so that the
-    ``Info :`` markers sit at known places; the inference loop must use this too.
-    """
-    out = words(query)
-    for ws in kept:
-        out += INFO + list(ws)
-    return out
-
+# ------------------------------------------------------------------ word normalisation
 
 def _norm(w: str) -> str:
     return _NORM.sub("", w.lower())
@@ -189,7 +171,7 @@ def decomposition_messages(q: Question) -> list[dict[str, str]]:
     lines = [f"The original multi-hop question is: {q.question}", f"And its answer is: {q.answer}",
              "Followings are documents to answer each sub_question:"]
     for i, p in enumerate(q.gold):
-        lines.append(f"#{i + 1} document: {chunk_text(p)}")
+        lines.append(f"#{i + 1} document: {passage_text(p)}")
         for s, r, o in q.evidences:  # 2Wiki triples, shown under the document about their subject
             if _norm(s) == _norm(p.title):
                 lines.append(f"evidence: {s} - {r} - {o}")
@@ -230,7 +212,7 @@ def _validate_decomposition(q: Question, data: dict[str, Any]) -> list[SubQ]:
     for s in subs:
         if k > 1 and _norm(s.question) == _norm(q.question):
             raise _Invalid("decompose_copied_question", s.question)
-        if _share_found(s.answer, words(chunk_text(q.gold[s.chunk]))) < 0.5:
+        if _share_found(s.answer, words(passage_text(q.gold[s.chunk]))) < 0.5:
             raise _Invalid("decompose_answer_not_in_document", f"{s.answer!r} not in document #{s.chunk + 1}")
     _assign_hops(subs)
     comparison = (q.type or "") in COMPARISON_TYPES
@@ -267,16 +249,16 @@ def decompose(q: Question, llm: LLM, cfg: LLMStepsConfig) -> list[SubQ]:
 # ------------------------------------------------------------------ 2. token labeling
 
 def labeling_messages(sub: SubQ, p: Passage) -> list[dict[str, str]]:
-    user = f"Question: {sub.question}\nParagraph: {chunk_text(p)}\nAnswer: {sub.answer}\nYour response:"
+    user = f"Question: {sub.question}\nParagraph: {passage_text(p)}\nAnswer: {sub.answer}\nYour response:"
     return [{"role": "system", "content": load_prompt("efficientrag/token_labeling")},
             {"role": "user", "content": user}]
 
 
 def label_chunk(sub: SubQ, p: Passage, llm: LLM, cfg: LLMStepsConfig) -> list[int]:
-    """Binary labels over ``words(chunk_text(p))`` for the words the LLM kept to answer ``sub``."""
-    cw = words(chunk_text(p))
+    """Binary labels over ``words(passage_text(p))`` for the words the LLM kept to answer ``sub``."""
+    cw = words(passage_text(p))
     schema = {"type": "object", "properties": {"extracted_words": {
-        "type": "string", "minLength": 1, "maxLength": min(len(chunk_text(p)), 400)}},
+        "type": "string", "minLength": 1, "maxLength": min(len(passage_text(p)), 400)}},
         "required": ["extracted_words"], "additionalProperties": False}
 
     def validate(data: dict[str, Any]) -> list[int]:
@@ -359,7 +341,7 @@ def synthesize_question_llm(question: Question, llm: LLM, *, max_retries: int = 
         kept = []
         for i in at_hop:
             p = question.gold[subs[i].chunk]
-            cw = words(chunk_text(p))
+            cw = words(passage_text(p))
             lab_recs.append({**base, "hop": hop + 1, "query": query, "chunk_id": p.id,
                              "chunk_words": cw, "labels": labels[i], "tag": 1})
             kept.append([w for w, l in zip(cw, labels[i]) if l])

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from effrag.data.records import Passage, Question, normalize_space
+from effrag.data.records import Question, normalize_space
 from effrag.retrieval.base import Retriever
 from effrag.text import words
 
-from .llm_steps import chunk_text
+from effrag.text import chunk_text
 
 
 def negative_queries(question: Question, filter_records: Sequence[dict]) -> list[tuple[int, str]]:
@@ -57,7 +57,7 @@ def mine_negatives(items: Sequence[tuple[Question, Sequence[dict]]], retriever: 
             if h.id in gold_ids or _title_key(h.title) in gold_titles:
                 continue
             if h.id not in word_cache:
-                word_cache[h.id] = words(chunk_text(Passage(id=h.id, title=h.title, text=h.text)))
+                word_cache[h.id] = words(chunk_text(h.title, h.text))
             cw = word_cache[h.id]
             out[n].append({"qid": q.id, "dataset": q.dataset, "hop": hop, "query": query, "chunk_id": h.id,
                            "chunk_words": cw, "labels": [0] * len(cw), "tag": 0, "source": source})

@@ -15,7 +15,9 @@
 # Every stage resumes; finished stages are reused. ~35 min on 2 CPU cores (fp32: this CPU class has no fast bf16).
 # Env: DATA (default ../shared/data), PROCESSES (CPU processes, default 1), BIN (default .venv/bin), LAUNCH (raw
 # `accelerate launch` arguments for GPUs, e.g. LAUNCH="--multi_gpu --num_processes 4"), BUDGET, NEG_PER_QUERY,
-# TUNE_GRID. Extra args after the dataset go to both trainings, e.g. `... all --train.epochs 2`.
+# TUNE_GRID, TUNE_GRID2, NAME (checkpoint name, default the dataset), LABELER_ARGS (Labeler-only overrides). Extra
+# args after the dataset go to both trainings, e.g. `... all --train.epochs 2`. SmolLM2-135M Labeler (hours
+# per epoch on 2 CPU cores, minutes on a GPU): NAME=all-smollm2 LABELER_ARGS="--model.name_or_path smollm2 --train.lr 5e-5"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ds=${1:?usage: scripts/train_efficientrag.sh <hotpotqa|2wikimqa|musique|all> [train overrides]}
@@ -25,6 +27,9 @@ BIN=${BIN:-.venv/bin}
 BUDGET=${BUDGET:-7}
 NEG=${NEG_PER_QUERY:-3}
 TUNE_GRID=${TUNE_GRID:-"first_hop_k=20 hop_k=5 tag_threshold=0.8 token_threshold=0.3,0.5 max_hops=3 pool_source=seen pool_order=fused,fused_logit retrieval_weight=2,4,8,16,32"}
+# a second family: the session-3 loop (<Continue> pool topped up to 10 with the likeliest <Terminate> chunks,
+# fused order), which the budget then cuts; the tuner keeps whichever family is best on each dev file
+TUNE_GRID2=${TUNE_GRID2:-"hop_k=10 max_hops=4 tag_threshold=0.9 token_threshold=0.3 pool_source=continue pool_order=fused retrieval_weight=2,4,8 min_candidates=10 max_candidates=10"}
 case "$ds" in
   all) inputs=("$DATA/hotpotqa/train.jsonl" "$DATA/2wikimqa/train.jsonl" "$DATA/musique/train.jsonl") ;;
   hotpotqa|2wikimqa|musique) inputs=("$DATA/$ds/train.jsonl") ;;
@@ -37,18 +42,23 @@ synth="runs/synth/train_${ds}_dense_neg$NEG"
 for d in hotpotqa 2wikimqa musique; do   # dev records: validation metrics of every run (configs' eval_files)
   "$BIN/effrag" synthesize --inputs "$DATA/$d/dev.jsonl" --output "runs/synth/dev_$d" --source annotation --quiet
 done
-"$BIN/python" scripts/train_models.py --name "$ds" --synth "$synth" --processes "${PROCESSES:-1}" \
-  ${LAUNCH:+--launch-args "$LAUNCH"} -- --data.max_train_examples 100000 "$@"
-ck="checkpoints/efficientrag-$ds"
+name=${NAME:-$ds}
+"$BIN/python" scripts/train_models.py --name "$name" --synth "$synth" --processes "${PROCESSES:-1}" \
+  ${LAUNCH:+--launch-args "$LAUNCH"} --labeler-overrides "${LABELER_ARGS:-}" -- --data.max_train_examples 100000 "$@"
+ck="checkpoints/efficientrag-$name"
 tunes=()
 for d in hotpotqa 2wikimqa musique; do  # tune on dev only; model outputs are cached across the grid
   # shellcheck disable=SC2086
   "$BIN/python" scripts/tune_efficientrag.py --labeler "$ck/labeler" --filter "$ck/filter" \
     --questions "$DATA/$d/dev.jsonl" --corpus-from "$DATA/$d/train.jsonl" --retriever dense --bf16 --n 0 \
-    --grid $TUNE_GRID --chunk-budget "$BUDGET" --output "runs/tune/$ds-$d" > /dev/null  # table: runs/tune/*/table.md
-  cp "runs/tune/$ds-$d/best.json" "$ck/loop-$d.json"
-  tunes+=("$d=runs/tune/$ds-$d")
+    --grid $TUNE_GRID --chunk-budget "$BUDGET" --output "runs/tune/$name-$d" > /dev/null  # table: runs/tune/*/table.md
+  # shellcheck disable=SC2086
+  "$BIN/python" scripts/tune_efficientrag.py --labeler "$ck/labeler" --filter "$ck/filter" \
+    --questions "$DATA/$d/dev.jsonl" --corpus-from "$DATA/$d/train.jsonl" --retriever dense --bf16 --n 0 \
+    --grid $TUNE_GRID2 --chunk-budget "$BUDGET" --output "runs/tune/$name-$d" > /dev/null  # same results.jsonl: best of both
+  cp "runs/tune/$name-$d/best.json" "$ck/loop-$d.json"
+  tunes+=("$d=runs/tune/$name-$d")
 done
 "$BIN/python" scripts/efficientrag_report.py --tune "${tunes[@]}" --budget "$BUDGET" \
-  --output "runs/tune/$ds-report" --card "$ck"
+  --output "runs/tune/$name-report" --card "$ck"
 echo "EfficientRAG model in $ck: labeler/, filter/, loop-{hotpotqa,2wikimqa,musique}.json, README.md"

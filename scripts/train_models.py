@@ -49,6 +49,14 @@ def launch_command(args, role: str, out_dir: Path, extra: list[str]) -> tuple[li
     return cmd, env
 
 
+def role_overrides(args, role: str, extra: list[str]) -> list[str]:
+    """train.py overrides for one role: its synthesized file, the shared overrides, then the Labeler-only ones."""
+    out = (["--data.train_file", str(Path(args.synth) / f"{role}.jsonl")] if args.synth else []) + list(extra)
+    if role == "labeler":
+        out += shlex.split(args.labeler_overrides)
+    return out
+
+
 def command_line(cmd: list[str]) -> str:
     """The launch command as a user would type it from the repo root."""
     text = shlex.join(cmd).replace(str(REPO) + "/", "").replace(str(Path(sys.executable).parent) + "/", "")
@@ -105,6 +113,8 @@ def main() -> int:
     p.add_argument("--paper", action="store_true", help="use configs/*_paper.yaml (DeBERTa-v3-large; GPUs)")
     p.add_argument("--force", action="store_true", help="retrain even if the run finished")
     p.add_argument("--synth", metavar="DIR", help="synthesis output dir: trains on DIR/labeler.jsonl and DIR/filter.jsonl")
+    p.add_argument("--labeler-overrides", default="", metavar="ARGS",
+                   help="overrides for the Labeler only, e.g. '--model.name_or_path smollm2 --train.lr 5e-5'")
     p.add_argument("overrides", nargs=argparse.REMAINDER, help="after --: overrides passed to both trainings")
     args = p.parse_args()
     extra = [a for a in args.overrides if a != "--"]
@@ -114,7 +124,7 @@ def main() -> int:
         out_dir = REPO / "runs" / "train" / args.name / role
         if args.force:
             shutil.rmtree(out_dir, ignore_errors=True)
-        role_extra = (["--data.train_file", str(Path(args.synth) / f"{role}.jsonl")] if args.synth else []) + extra
+        role_extra = role_overrides(args, role, extra)
         cmd, env = launch_command(args, role, out_dir, role_extra)
         wall = None
         if not (out_dir / "results.json").is_file():

@@ -75,7 +75,10 @@ def main(argv=None) -> int:
     meta = {"questions": str(Path(args.questions).resolve()), "n": len(questions), "seed": args.seed,
             "retriever": getattr(retriever, "kind", None), "corpus_fingerprint": corpus.fingerprint(),
             "labeler": str(args.labeler), "filter": str(args.filter), "base_config": base.to_json()}
-    (args.output / "tune_config.json").write_text(json.dumps({**meta, "grid": args.grid}, indent=2))
+    cfg_path = args.output / "tune_config.json"  # every grid run into this folder (results.jsonl holds them all)
+    grids = json.loads(cfg_path.read_text()).get("grids", []) if cfg_path.is_file() else []
+    grids += [args.grid] if args.grid not in grids else []
+    cfg_path.write_text(json.dumps({**meta, "grids": grids}, indent=2))
     res_path = args.output / "results.jsonl"
     done = {}
     if res_path.is_file():

@@ -316,15 +316,19 @@ def test_batched_equals_one_at_a_time(models, retriever, questions):
 
 
 def test_inputs_match_the_synthesised_training_data():
-    llm_steps = pytest.importorskip("data_synthesis.llm_steps")
+    """Synthesis and the loop build model inputs with the very same functions (one definition, in effrag.text)."""
+    import effrag.text as text
+    from data_synthesis import annotation, llm_steps
     from effrag.data.records import Passage
 
+    assert llm_steps.filter_input_words is text.filter_input_words is annotation.filter_input_words
+    assert llm_steps.passage_text is text.passage_text and llm_steps.INFO is text.INFO
     p = Passage.make("Dimond Center", "The Dimond Center is a shopping mall in Anchorage, Alaska.")
-    assert words(chunk_text(p.title, p.text)) == words(llm_steps.chunk_text(p))
-    assert words(chunk_text("", p.text)) == words(llm_steps.chunk_text(Passage.make("", p.text)))
+    assert text.passage_text(p) == chunk_text(p.title, p.text) == "Dimond Center: " + p.text
+    assert chunk_text("", p.text) == chunk_text(p.title, p.text, "text") == p.text
     kept = [["KGOT", "in", "the", "Dimond", "Center"], ["Anchorage"]]
-    q = "How large is the shopping mall where KGOT radio station has its studios?"
-    assert filter_input_words(q, kept) == llm_steps.filter_input_words(q, kept)
+    q = "How large is the mall?"
+    assert filter_input_words(q, kept) == words(q) + ["Info", ":"] + kept[0] + ["Info", ":"] + kept[1]
 
 
 def test_config_validation_and_files(tmp_path):

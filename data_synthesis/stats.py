@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from .io import read_jsonl
+from effrag.jsonl import read_jsonl
 
 ALIGN_REASONS = ("align", "coverage", "not_in", "missing")  # reject reasons that are alignment failures
 

@@ -148,7 +148,7 @@ def _eval_retriever(args, questions_path: Path):
     """(retriever, corpus, description) from --index, --corpus or --corpus-from."""
     from effrag.data import Corpus, build_corpus
     from effrag.retrieval import cached_retriever, load_retriever
-    from effrag.retrieval.index import read_meta
+    from effrag.retrieval.meta import read_meta
 
     if args.index:
         kind = read_meta(args.index)["kind"]

@@ -15,7 +15,7 @@ from effrag.data import Corpus, Passage, build_corpus, load_questions, sample_pa
 from effrag.irrr.data import build_irrr_data
 from effrag.irrr.encoding import CONT_TOKEN, encode_path, find_answer
 from effrag.irrr.oracle import make_rank_fn, oracle_query, overlapping_spans, path_segments
-from effrag.irrr.task import StepCollator, check_irrr_record, featurize_irrr, irrr_metrics, irrr_stats, STAT_NAMES
+from effrag.training.tasks.irrr import StepCollator, check_irrr_record, featurize_irrr, irrr_metrics, irrr_stats, STAT_NAMES
 from effrag.models import IRRRModel, load_model
 from effrag.models.irrr import NOANSWER, SPAN, YES, answerability, best_spans
 from effrag.models.tokenization import IGNORE

@@ -13,7 +13,7 @@ import pytest
 
 from data_synthesis.align import align, content_keys, key_matches
 from data_synthesis.annotation import annotate_question
-from data_synthesis.io import ResumableWriter, read_jsonl
+from effrag.jsonl import ResumableWriter, read_jsonl
 from effrag.text import INFO, passage_text
 from data_synthesis.negatives import mine_negatives, negative_queries
 from data_synthesis.pipeline import synthesize

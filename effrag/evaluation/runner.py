@@ -99,7 +99,7 @@ def evaluate(pipeline, questions: Sequence, gold_ids: Sequence[list[str]], outpu
     """
     from tqdm.auto import tqdm
 
-    from effrag.retrieval.index import package_versions
+    from effrag.retrieval.meta import package_versions
 
     if len(gold_ids) != len(questions):
         raise ValueError(f"{len(questions)} questions but {len(gold_ids)} gold id lists")

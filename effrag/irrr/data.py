@@ -16,7 +16,7 @@ grown step by step (section 3.4.2):
    the model to *recover* from a retrieval mistake.
 
 One JSONL record per step (``irrr.jsonl``, counts in ``stats.json``); questions are written whole with a done
-marker (``data_synthesis.io.ResumableWriter``), so an interrupted run resumes where it
+marker (``effrag.jsonl.ResumableWriter``), so an interrupted run resumes where it
 stopped. BM25 ranks come from the foundation's BM25 index (``scores``: every
 passage's score, so ranks are exact).
 """
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..data import Corpus, Question, map_gold
+from ..jsonl import ResumableWriter, read_jsonl
 from ..text import words
 from .oracle import make_rank_fn, oracle_query
 
@@ -109,8 +110,6 @@ def build_irrr_data(questions: Sequence[Question], corpus: Corpus, bm25, out_dir
     """Write ``out_dir/irrr.jsonl`` (resumable); returns counts of this run."""
     from tqdm.auto import tqdm
 
-    from data_synthesis.io import ResumableWriter
-
     if not hasattr(bm25, "scores"):
         raise TypeError(f"{type(bm25).__name__} has no scores(query): the oracle needs a BM25 retriever")
     rank = make_rank_fn(bm25, corpus.position)
@@ -143,8 +142,6 @@ def build_irrr_data(questions: Sequence[Question], corpus: Corpus, bm25, out_dir
 
 def file_stats(path: str | Path) -> dict:
     """Counts over a whole ``irrr.jsonl`` (all runs that wrote to it), for ``stats.json``."""
-    from data_synthesis.io import read_jsonl
-
     n = qs = rec = r1 = r5 = answerable = cands = 0
     per_ds: dict[str, int] = {}
     for r in read_jsonl(path):

@@ -90,10 +90,11 @@ def _try_import(module: str) -> None:
 
 
 def _scan() -> None:
-    import effrag.pipelines as pkg
+    from pathlib import Path
 
-    for info in pkgutil.iter_modules(pkg.__path__, "effrag.pipelines."):
-        if info.name not in ("effrag.pipelines.base",):
+    package = __name__.rsplit(".", 1)[0]  # the pipelines package: its folder is this file's
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)], package + "."):
+        if info.name != __name__:
             _try_import(info.name)
 
 

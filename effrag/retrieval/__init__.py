@@ -10,8 +10,8 @@ from .bm25 import BM25Retriever
 from .dense import DenseRetriever, encode_corpus
 from .encoder import Encoder, default_encoder_path
 from .hybrid import HybridRetriever, rrf_fuse
-from .index import (KINDS, IndexMismatchError, build_retriever, cached_retriever, load_retriever,
-                    package_versions)
+from .index import KINDS, build_retriever, cached_retriever, load_retriever
+from .meta import IndexMismatchError, package_versions
 
 __all__ = [
     "Hit", "Retriever", "Encoder", "default_encoder_path", "DenseRetriever", "BM25Retriever",

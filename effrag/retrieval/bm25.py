@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from .base import Hit
-from .index import read_meta, write_meta
+from .meta import read_meta, write_meta
 
 
 # bm25s sets its own logger to DEBUG, which floods any program that configures logging.

@@ -16,7 +16,7 @@ import numpy as np
 
 from .base import Hit
 from .encoder import Encoder
-from .index import IndexMismatchError, read_meta, write_meta
+from .meta import IndexMismatchError, read_meta, write_meta
 
 log = logging.getLogger(__name__)
 

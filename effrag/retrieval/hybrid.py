@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .base import Hit
-from .index import write_meta
+from .meta import write_meta
 
 
 def rrf_fuse(rankings: list[list[Hit]], k: int, k_rrf: int = 60) -> list[Hit]:

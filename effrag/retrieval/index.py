@@ -12,55 +12,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import platform
 import shutil
-import time
-from importlib import metadata
 from pathlib import Path
+
+from .meta import META, IndexMismatchError, read_meta
 
 log = logging.getLogger(__name__)
 
 KINDS = ("dense", "bm25", "hybrid")
-META = "index_meta.json"
 _DENSE_OPTS = {"index_type", "nlist", "nprobe", "hnsw_m", "ef_construction", "ef_search", "gpu",
                "shard_gpu", "batch_size", "cache_dir", "show_progress"}
 _BM25_OPTS = {"k1", "b", "stopwords", "stemmer", "article", "show_progress"}
 _HYBRID_OPTS = {"k_rrf", "depth"}
-
-
-class IndexMismatchError(ValueError):
-    """A saved index does not belong to the given corpus or encoder."""
-
-
-def package_versions() -> dict[str, str]:
-    """Versions of the packages that change retrieval results (for metadata and run configs)."""
-    out = {"python": platform.python_version()}
-    for name in ("effrag", "numpy", "torch", "transformers", "faiss-cpu", "faiss-gpu-cu12", "bm25s", "PyStemmer"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
-
-
-def write_meta(directory: Path, kind: str, corpus, options: dict, encoder=None, write_corpus: bool = True) -> None:
-    if write_corpus:
-        corpus.save(directory / "corpus.jsonl")
-    meta = {"kind": kind, "corpus": {"fingerprint": corpus.fingerprint(), "size": len(corpus)},
-            "options": options, "versions": package_versions(),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    if encoder is not None:
-        meta["encoder"] = {"fingerprint": encoder.fingerprint(), "settings": encoder.settings(), "bf16": encoder.bf16}
-    (directory / META).write_text(json.dumps(meta, indent=2))
-
-
-def read_meta(directory: str | Path) -> dict:
-    path = Path(directory) / META
-    if not Path(directory).is_dir():
-        raise FileNotFoundError(f"index folder not found: {directory}")
-    if not path.is_file():
-        raise FileNotFoundError(f"{directory} is not an effrag index (no {META}; unfinished build?)")
-    return json.loads(path.read_text())
 
 
 def _split_opts(kind: str, opts: dict) -> tuple[dict, dict, dict]:

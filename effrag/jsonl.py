@@ -1,6 +1,7 @@
-"""Resumable, crash-safe JSONL output of the synthesis pipeline.
+"""Resumable, crash-safe JSONL output: synthesis records and IRRR oracle steps.
 
-Layout of an output directory::
+The library's one home for "append records per finished item, survive kill -9, resume
+where it stopped". Default layout (synthesis; other writers pass ``files=``)::
 
     labeler.jsonl  filter.jsonl  rejects.jsonl   records, each tagged with qid + dataset
     done.jsonl                                     one marker per finished question

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from ..models.irrr import ANSWER_TYPES, NOANSWER, IRRRModel, best_spans
-from ..models.tokenization import IGNORE, pad_batch
-from ..training.tasks import TOKEN_STATS, Task, _ratio, register_task, token_metrics, token_stats
-from .encoding import encode_path, find_answer
+from ...models.irrr import ANSWER_TYPES, NOANSWER, IRRRModel, best_spans
+from ...models.tokenization import IGNORE, pad_batch
+from ...irrr.encoding import encode_path, find_answer
+from .base import TOKEN_STATS, Task, ratio, register_task, token_metrics, token_stats
 
 SEQ_KEYS = ("input_ids", "token_type_ids", "attention_mask", "labels", "answer_type", "start_positions",
             "end_positions", "rank_label")
@@ -122,10 +122,10 @@ def irrr_metrics(s: dict) -> dict:
     m = token_metrics(s)
     out = {f"query_{k}": v for k, v in m.items()}
     out.update({
-        "type_accuracy": _ratio(s["type_correct"], s["n_cands"]),
-        "answerable_recall": _ratio(s["answerable_correct"], s["answerable"]),
-        "rerank_top1": _ratio(s["rank_top1"], s["rank_groups"]),
-        "span_exact": _ratio(s["span_correct"], s["n_spans"]),
+        "type_accuracy": ratio(s["type_correct"], s["n_cands"]),
+        "answerable_recall": ratio(s["answerable_correct"], s["answerable"]),
+        "rerank_top1": ratio(s["rank_top1"], s["rank_groups"]),
+        "span_exact": ratio(s["span_correct"], s["n_spans"]),
         "n": s["n"],
     })
     out["score"] = (out["query_token_f1"] + out["rerank_top1"] + out["answerable_recall"] + out["span_exact"]) / 4

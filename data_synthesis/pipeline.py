@@ -49,15 +49,15 @@ def load_inputs(inputs: Sequence[str | Path], limit: int | None = None) -> tuple
 
 
 def make_retriever(kind: str, corpus_paths: Sequence[str | Path], *, cache_dir: str | Path | None = None,
-                   encoder_path: str | None = None):
+                   encoder_path: str | None = None, show_progress: bool = True):
     """The foundation retriever over the contexts of ``corpus_paths`` (dense indexes cached)."""
     from effrag.data import build_corpus
     from effrag.retrieval import build_retriever, cached_retriever
 
-    corpus = build_corpus(list(corpus_paths))
+    corpus = build_corpus(list(corpus_paths), skip_malformed=True)
     if kind != "bm25" and cache_dir is not None:
-        return cached_retriever(kind, corpus, cache_dir, encoder_path=encoder_path)
-    return build_retriever(kind, corpus, encoder_path=encoder_path)
+        return cached_retriever(kind, corpus, cache_dir, encoder_path=encoder_path, show_progress=show_progress)
+    return build_retriever(kind, corpus, encoder_path=encoder_path, show_progress=show_progress)
 
 
 def _reject(q: Question, stage: str, reason: str, detail: str = "") -> dict:
@@ -124,6 +124,10 @@ def synthesize(inputs: Sequence[str | Path], out_dir: str | Path, source: str = 
     if source == "llm" and llm is None:
         raise ValueError("source 'llm' needs an LLM (--llm SPEC)")
     start = time.time()
+    questions, load_rejects = load_inputs(inputs, limit)
+    if not questions:  # nothing to train on is an error, not an empty success
+        bad = f" ({len(load_rejects)} malformed record(s), e.g. {load_rejects[0]['detail']})" if load_rejects else ""
+        raise ValueError(f"no usable questions in {', '.join(str(p) for p in inputs)}{bad}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     kind = retriever if isinstance(retriever, str) else type(retriever).__name__
@@ -134,7 +138,6 @@ def synthesize(inputs: Sequence[str | Path], out_dir: str | Path, source: str = 
         "corpus_from": [str(Path(p).resolve()) for p in (corpus_from or inputs)], "limit": limit,
         "llm": getattr(llm, "model_id", None) if llm is not None else None,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
-    questions, load_rejects = load_inputs(inputs, limit)
     batch_size = batch_size or (64 if source == "annotation" else 1)
     summary: Counter = Counter()
     with ResumableWriter(out) as writer:
@@ -148,7 +151,7 @@ def synthesize(inputs: Sequence[str | Path], out_dir: str | Path, source: str = 
         summary["skipped_done"] = len(questions) - len(todo)
         if negatives and todo and isinstance(retriever, str):
             retriever = make_retriever(retriever, corpus_from or inputs, cache_dir=cache_dir,
-                                       encoder_path=encoder_path)
+                                       encoder_path=encoder_path, show_progress=show_progress)
         cache0 = llm.usage.cache_hits if llm is not None and hasattr(llm, "usage") else 0
         bar = tqdm(total=len(todo), unit="q", desc=f"synthesize[{source}]", dynamic_ncols=True,
                    disable=not show_progress)

@@ -138,7 +138,7 @@ def load_config(source: str | Path | dict[str, Any]) -> ServeConfig:
             raise FileNotFoundError(f"{where}: {key}: {path} does not exist")
     if r.index is None and r.kind not in ("bm25", "dense", "hybrid"):
         raise ValueError(f"{where}: retriever.kind must be bm25, dense or hybrid, got {r.kind!r}")
-    if m.name not in ("direct-r", "direct", "efficientrag", "efficient-rag"):
+    if m.name not in ("direct-r", "efficientrag", "efficient-rag"):
         from effrag.pipelines import get_pipeline_class
 
         try:
@@ -197,7 +197,7 @@ def build_service(cfg: ServeConfig) -> Service:
         from effrag.api import EfficientRAG
 
         source = ChunkSource(EfficientRAG.from_pretrained(m.labeler, m.filter, retriever=retriever, **m.options))
-    elif m.name in ("direct-r", "direct"):  # Direct-R is one search: per-request top_k reaches the retriever
+    elif m.name == "direct-r":  # Direct-R is one search: per-request top_k reaches the retriever
         source = ChunkSource(retriever, k=m.k)
     else:
         from effrag.pipelines import build_pipeline

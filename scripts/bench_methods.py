@@ -27,7 +27,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-LLM_METHODS = ["direct-llm", "cot", "decompose-r", "iter-retgen", "self-ask", "ircot", "searchain", "mcr"]
+LLM_METHODS = ["direct", "cot", "decompose-r", "iter-retgen", "self-ask", "ircot", "searchain", "mcr"]
 COLUMNS = ["method", "dataset", "n", "recall", "avg_chunks", "em", "f1", "llm_calls", "prompt_tokens",
            "completion_tokens", "parse_failures", "latency_s", "cpu_s"]
 

@@ -61,7 +61,7 @@ def test_eval_direct_r_bm25_writes_outputs(built, tmp_path, capsys):
 
 
 def test_eval_corpus_from_builds_then_reuses_cached_index(tmp_path, capsys):
-    args = ["eval", "--method", "direct", "--questions", HOTPOT_DEV, "--corpus-from", HOTPOT_TRAIN,
+    args = ["eval", "--method", "direct-r", "--questions", HOTPOT_DEV, "--corpus-from", HOTPOT_TRAIN,
             "--retriever", "bm25", "--k", 5, "--limit", 3, "--cache-dir", tmp_path / "cache"]
     assert run(args + ["--output", tmp_path / "a"], capsys)[0] == 0
     [entry] = list((tmp_path / "cache").iterdir())

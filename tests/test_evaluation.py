@@ -7,6 +7,7 @@ import pytest
 
 from effrag.data import Corpus, Passage, Question
 from effrag.evaluation import cover_em, evaluate, exact_match, f1, markdown_table, normalize_answer, recall
+from effrag.evaluation.metrics import answer_rule
 from effrag.pipelines import Pipeline, build_pipeline, get_pipeline_class, register_pipeline
 from effrag.retrieval import BM25Retriever
 
@@ -59,7 +60,9 @@ def test_cover_em_looks_for_gold_inside_prediction():
 
 # ---------------------------------------------------------------- registry
 def test_registry_finds_direct_r_and_alias_and_reports_unknown():
-    assert get_pipeline_class("direct") is get_pipeline_class("direct-r")
+    # the papers' names: Direct is the LLM alone (direct-llm kept as an alias), Direct-R retrieves
+    assert get_pipeline_class("direct") is get_pipeline_class("direct-llm") is not get_pipeline_class("direct-r")
+    assert get_pipeline_class("direct-r").__module__ == "effrag.pipelines.direct_r"
     with pytest.raises(ValueError, match="unknown method 'nope'.*direct-r"):
         get_pipeline_class("nope")
 
@@ -169,6 +172,11 @@ def test_answers_are_scored_when_a_generator_answers(tmp_path, bm25):
     answers = [r["answer"] for r in _rows(tmp_path / "b" / "predictions.jsonl")]
     expect_em = sum(exact_match(a, q.answers) for a, q in zip(answers, QUESTIONS)) / 3
     assert e["em"] == pytest.approx(expect_em) and "f1" in e and "cover_em" in e
+    assert e["answer_rule"] == answer_rule(QUESTIONS[0].dataset)  # metrics.json says which official rule scored F1
+    assert json.loads((tmp_path / "b" / "metrics.json").read_text())[0]["answer_rule"] == e["answer_rule"]
+    [m] = evaluate(pipe, QUESTIONS, GOLD, tmp_path / "c", {"dataset": "musique"}, ks=[2], show_progress=False)
+    assert m["answer_rule"] == "musique"
+    assert m["f1"] == pytest.approx(sum(f1(a, q.answers, "musique") for a, q in zip(answers, QUESTIONS)) / 3)
     assert e["llm_calls"] == 1 and e["prompt_tokens"] == 10 and e["completion_tokens"] == 2
 
 
@@ -184,3 +192,17 @@ def test_markdown_table_formats_percentages_and_hides_zero_llm_cost():
     lines = table.splitlines()
     assert lines[0] == "| method | dataset | k | n | recall % | avg chunks | latency s/q | iterations |"
     assert lines[2] == "| m | d | 5 | 2 | 50.00 | 5.00 | 0.0100 | 1.00 |"
+
+
+def test_f1_follows_each_datasets_official_rule():
+    assert [answer_rule(d) for d in ("hotpotqa", "2wikimqa", "musique", "MuSiQue", None)] == \
+        ["hotpotqa", "hotpotqa", "musique", "musique", "hotpotqa"]
+    # HotpotQA (and 2Wiki): yes/no/noanswer get no partial credit; MuSiQue (SQuAD 2.0) has no special case
+    assert f1("yes indeed", "yes") == 0.0
+    assert f1("yes indeed", "yes", "musique") == pytest.approx(2 / 3)
+    # both normalising to nothing: 1 under MuSiQue's rule, 0 under HotpotQA's
+    assert f1("the", "a", "musique") == 1.0 and f1("the", "a") == 0.0
+    assert f1("", "Paris", "musique") == 0.0
+    assert f1("Paris France", ["Lyon", "Paris"], "musique") == f1("Paris France", ["Lyon", "Paris"]) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="unknown answer rule"):
+        f1("a", "b", "squad3")

@@ -26,7 +26,7 @@ from effrag.pipelines.searchain import Node, parse_coq
 from effrag.pipelines.self_ask import Chain, _apply, _events, run_chain
 from effrag.retrieval import BM25Retriever
 
-METHODS = ["direct-llm", "cot", "decompose-r", "iter-retgen", "self-ask", "ircot", "searchain", "mcr"]
+METHODS = ["direct", "cot", "decompose-r", "iter-retgen", "self-ask", "ircot", "searchain", "mcr"]
 READER_CKPT = Path(__file__).resolve().parent.parent / "checkpoints" / "reader-minilm"
 
 
@@ -347,7 +347,7 @@ def smollm(tmp_path_factory):
 
 # Tiny prompts and caps: the point is the control flow against a real model, not its answers.
 REAL = {
-    "direct-llm": dict(max_tokens=16, n_examples=1),
+    "direct": dict(max_tokens=16, n_examples=1),
     "cot": dict(max_tokens=32, n_examples=1),
     "decompose-r": dict(k=1, max_tokens=40, answer_max_tokens=12, max_chunks=3),
     "iter-retgen": dict(k=1, max_tokens=24, iterations=2, n_examples=1),
@@ -356,7 +356,7 @@ REAL = {
     "searchain": dict(max_tokens=48, max_rounds=1),
     "mcr": dict(max_tokens=24, chains=2, max_follow_ups=1, n_examples=1, meta_max_tokens=16, snippet_words=20),
 }
-CALL_BOUNDS = {"direct-llm": (1, 1), "cot": (1, 1), "decompose-r": (2, 2), "iter-retgen": (2, 2),
+CALL_BOUNDS = {"direct": (1, 1), "cot": (1, 1), "decompose-r": (2, 2), "iter-retgen": (2, 2),
                "self-ask": (1, 6), "ircot": (2, 2), "searchain": (1, 2), "mcr": (3, 9)}
 
 
@@ -372,7 +372,7 @@ def test_method_runs_with_real_llm(name, smollm, bm25, hotpot_dev, reader):
     assert res["prompt_tokens"] > 0 and res["completion_tokens"] > 0
     assert isinstance(res["answer"], str) and res["parse_failures"] >= 0
     assert len(res["retrieved"]) == len(set(res["retrieved"])) == len(res["scores"])
-    if name in ("direct-llm", "cot"):
+    if name in ("direct", "cot"):
         assert res["retrieved"] == []
     elif name == "self-ask":  # retrieval happens only for follow-up questions the model asked
         assert bool(res["retrieved"]) == bool(res["trace"]["follow_ups"])

@@ -195,3 +195,26 @@ def test_cached_retriever_builds_once_then_loads(tmp_path, corpus):
     assert _titles(again.search(list(QUERIES), 2)) == _titles(first.search(list(QUERIES), 2))
     cached_retriever("bm25", corpus, tmp_path, k1=0.9, show_progress=False)
     assert len(list(tmp_path.iterdir())) == 2  # other options, other cache entry
+
+
+def test_importing_and_using_the_library_leaves_the_host_environment_alone():
+    """A library must not flip HF_HUB_OFFLINE for its host process; local paths load with local_files_only."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os; before = dict(os.environ)\n"
+        "import effrag, effrag.api, effrag.models, effrag.retrieval, effrag.pipelines.efficientrag\n"
+        "from effrag.retrieval import Encoder\n"
+        "v = Encoder().encode_queries(['who founded the mall?'])\n"
+        "changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))\n"
+        "import json; print(v.shape[1], json.dumps(changed))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    dim, changed = out.stdout.split(maxsplit=1)
+    assert dim == "384"
+    ours = [k for k in json.loads(changed) if not k.startswith("TORCH")]  # torch's inductor sets its own cache dir
+    assert ours in ([], ["OMP_WAIT_POLICY"])  # setdefault only: OpenMP threads sleep instead of spinning

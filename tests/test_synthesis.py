@@ -281,3 +281,29 @@ def test_stats_with_bm25_negatives_and_cli_errors(tmp_path, capsys):
     assert "missing.jsonl" in capsys.readouterr().err
     assert main(["--inputs", *inputs, "--output", str(tmp_path / "x"), "--source", "llm"]) == 2
     assert "--llm" in capsys.readouterr().err
+
+
+def test_nothing_usable_is_an_error_and_a_bad_line_is_skipped_alike_in_every_mode(tmp_path, capfd):
+    """Zero usable questions fail loudly (empty or unrecognised file); a malformed line is skipped the same way
+    with or without negatives (the negatives' corpus skips it too), and --quiet shows no progress bars."""
+    from data_synthesis.cli import main
+
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "other.jsonl").write_text('{"foo": 1}\n')
+    for name in ("empty.jsonl", "other.jsonl"):
+        with pytest.raises(ValueError, match=f"no usable questions in .*{name}"):
+            synthesize([tmp_path / name], tmp_path / f"out-{name}", negatives=False, show_progress=False)
+        assert not (tmp_path / f"out-{name}").exists()
+        assert main(["--inputs", str(tmp_path / name), "--output", str(tmp_path / "o"), "--quiet"]) == 2
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("\n".join(sample_path("hotpotqa", "train").read_text().splitlines()[:3]
+                               + ['{"_id": "x", "question": 5}']) + "\n")
+    capfd.readouterr()
+    assert main(["--inputs", str(mixed), "--output", str(tmp_path / "neg"), "--quiet"]) == 0
+    err = capfd.readouterr().err
+    assert "it/s" not in err and "%|" not in err  # --quiet: no tqdm bars, bm25s's included
+    plain = synthesize([mixed], tmp_path / "plain", negatives=False, show_progress=False)
+    neg = json.loads((tmp_path / "neg" / "stats.json").read_text())["all"]
+    assert plain["malformed"] == 1 and plain["ok"] == 3 and neg["ok"] == 3
+    assert [r["target"] for r in read_jsonl(tmp_path / "plain" / "filter.jsonl")] == \
+        [r["target"] for r in read_jsonl(tmp_path / "neg" / "filter.jsonl")]

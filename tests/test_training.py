@@ -295,3 +295,29 @@ def test_recipe_passes_labeler_only_overrides(tmp_path):
     assert fil == ["--data.train_file", str(tmp_path / "filter.jsonl"), *shared]
     cmd, _ = tm.launch_command(args, "labeler", tmp_path / "run", lab)
     assert cmd[cmd.index("--config") + 1].endswith("configs/labeler.yaml") and cmd[-4:] == lab[-4:]
+
+
+@pytest.mark.parametrize("override, message", [
+    (["--task", "filtr"], "task: unknown 'filtr'"),
+    (["--train.batch_size", "-4"], "train.batch_size must be > 0, got -4"),
+    (["--train.lr", "-1e-4"], "train.lr must be > 0"),
+    (["--train.warmup_ratio", "1.5"], "train.warmup_ratio must be in"),
+    (["--train.mixed_precision", "fp8"], "train.mixed_precision must be no, bf16 or fp16"),
+    (["--model.max_length", "0"], "model.max_length must be > 0"),
+])
+def test_config_values_that_cannot_train_are_one_line_errors(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        load_config(Path(__file__).parents[1] / "configs" / "labeler.yaml", override)
+
+
+def test_a_missing_encoder_is_a_config_error_before_any_loading(tmp_path):
+    from effrag.training.config import check_encoder
+
+    check_encoder("minilm")
+    check_encoder(str(tmp_path))  # a local folder
+    with pytest.raises(ConfigError, match="model.name_or_path: '/no/such/encoder' is neither an encoder alias"):
+        check_encoder("/no/such/encoder", "model")
+    with pytest.raises(ConfigError, match="nor a locally cached hub model"):
+        check_encoder("nobody/not-a-cached-model", "model")
+    cfg = load_config(Path(__file__).parents[1] / "configs" / "labeler_paper.yaml")  # loads; its encoder is checked at build
+    assert cfg.model.name_or_path == "microsoft/deberta-v3-large"

@@ -151,11 +151,15 @@ class Corpus:
         return f"Corpus({len(self)} passages, fingerprint={self.fingerprint()})"
 
 
-def build_corpus(paths: Sequence[str | Path], dataset: str | None = None) -> Corpus:
-    """Pool the context passages of dataset files (e.g. train and dev) into one corpus."""
+def build_corpus(paths: Sequence[str | Path], dataset: str | None = None, *, skip_malformed: bool = False) -> Corpus:
+    """Pool the context passages of dataset files (e.g. train and dev) into one corpus.
+
+    ``skip_malformed`` leaves out records :func:`load_questions` would reject, as synthesis does
+    with its questions, so one bad line is skipped the same way with or without negatives.
+    """
     questions: list[Question] = []
     for p in paths:
-        questions.extend(load_questions(p, dataset))
+        questions.extend(load_questions(p, dataset, skip_malformed=skip_malformed))
     return Corpus.from_questions(questions)
 
 

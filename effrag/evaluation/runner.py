@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .metrics import cover_em, exact_match, f1, recall
+from .metrics import answer_rule, cover_em, exact_match, f1, recall
 from .report import write_metrics_md
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,8 @@ def _aggregate(rows: list[dict], k: int | None, method: str, dataset: str, cut_a
     }
     if any("answer" in r for r in rows):
         entry["em"] = mean(exact_match(r.get("answer", ""), r["answers"]) for r in rows)
-        entry["f1"] = mean(f1(r.get("answer", ""), r["answers"]) for r in rows)
+        entry["answer_rule"] = rule = answer_rule(dataset)  # the dataset's official F1 rule
+        entry["f1"] = mean(f1(r.get("answer", ""), r["answers"], rule) for r in rows)
         entry["cover_em"] = mean(cover_em(r.get("answer", ""), r["answers"]) for r in rows)
     for key in ("llm_calls", "prompt_tokens", "completion_tokens", "iterations"):
         entry[key] = mean(r.get(key, 0) for r in rows)

@@ -113,7 +113,7 @@ def convert_gguf(gguf_file: str | Path, output: str | Path, dtype: torch.dtype =
     except ImportError:  # older releases always dequantize
         pass
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name, dtype=dtype,
-                                                  **kwargs)
+                                                  local_files_only=True, **kwargs)
     # a plain model from the config, so nothing of the GGUF loader (quantization config, hooks) is saved
     config = loaded.config
     for attr in ("quantization_config", "_pre_quantization_dtype"):
@@ -126,7 +126,8 @@ def convert_gguf(gguf_file: str | Path, output: str | Path, dtype: torch.dtype =
                          f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
     model.tie_weights()
     del loaded
-    tok = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name, add_prefix_space=True)
+    tok = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name, add_prefix_space=True,
+                                        local_files_only=True)
     sep = tok.eos_token or tok.sep_token
     if sep is None:
         raise ValueError(f"{gguf_file}: tokenizer has no eos token to use as separator")

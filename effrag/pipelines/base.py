@@ -17,7 +17,8 @@ from typing import Any, Callable
 # Name -> module for methods whose home is known; new methods are also found by scanning.
 KNOWN_MODULES = {
     "direct-r": "effrag.pipelines.direct_r",
-    "direct": "effrag.pipelines.direct_r",
+    "direct": "effrag.pipelines.direct",
+    "direct-llm": "effrag.pipelines.direct",
     "efficientrag": "effrag.pipelines.efficientrag",
     "irrr": "effrag.pipelines.irrr",
     "ircot": "effrag.pipelines.ircot",

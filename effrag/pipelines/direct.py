@@ -7,7 +7,8 @@ complete JSON object is still read (unterminated JSON, ``Answer:`` line, ``So th
 answer is X`` in the thought, else the first line) and counted in
 ``parse_failures``.
 
-Registered as ``direct-llm`` (the name ``direct`` is an alias of Direct-R) and ``cot``.
+Registered as ``direct`` (the papers' name; ``direct-llm`` is kept as an alias) and ``cot``; retrieval + one
+LLM call is ``direct-r``.
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ class _NoRetrieval(LLMMethod):
                            trace={"generation": text})
 
 
-@register_pipeline("direct-llm")
+@register_pipeline("direct", aliases=("direct-llm",))
 class DirectPrompting(_NoRetrieval):
     """Direct prompting (Table 9)."""
 

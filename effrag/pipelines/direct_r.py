@@ -15,7 +15,7 @@ from .base import Pipeline, register_pipeline
 Generator = Callable[[str, list], "str | dict[str, Any]"]
 
 
-@register_pipeline("direct-r", aliases=("direct",))
+@register_pipeline("direct-r")
 class DirectR(Pipeline):
     """Top-``k`` passages for the question, in one batched ``search`` call per batch."""
 

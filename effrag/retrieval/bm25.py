@@ -14,8 +14,14 @@ from .base import Hit
 from .meta import read_meta, write_meta
 
 
-# bm25s sets its own logger to DEBUG, which floods any program that configures logging.
-logging.getLogger("bm25s").setLevel(logging.WARNING)
+
+
+def _bm25s():
+    """``import bm25s``, then undo its import-time ``setLevel(DEBUG)``, which floods any program that logs."""
+    import bm25s
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    return bm25s
 
 
 def _make_stemmer(name: str | None):
@@ -53,7 +59,7 @@ class BM25Retriever:
 
     def __init__(self, corpus, k1: float = 1.2, b: float = 0.75, stopwords: str | None = "en",
                  stemmer: str | None = "auto", article: bool = False, show_progress: bool = True, _model=None):
-        import bm25s
+        bm25s = _bm25s()
 
         self.corpus = corpus
         self._passages = corpus.passages
@@ -99,7 +105,7 @@ class BM25Retriever:
         return w.tocsc(), of_passage
 
     def _tokenize(self, queries: list[str]) -> list[list[str]]:
-        import bm25s
+        bm25s = _bm25s()
 
         return bm25s.tokenize(list(queries), stopwords=self.opts["stopwords"] or [], stemmer=self._stemmer,
                               return_ids=False, show_progress=False)
@@ -165,7 +171,7 @@ class BM25Retriever:
 
     @classmethod
     def load(cls, directory: str | Path, corpus, **_runtime) -> "BM25Retriever":
-        import bm25s
+        bm25s = _bm25s()
 
         d = Path(directory)
         opts = read_meta(d)["options"]

@@ -17,7 +17,6 @@ from typing import Iterable
 
 import numpy as np
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # OpenMP threads that spin while waiting make torch 5-50x slower on a shared, busy CPU
 # (measured here: one MiniLM query 2.8 s -> 0.05 s, corpus encoding 5.5 -> 19 passages/s).
 # Only effective if torch is not imported yet; effrag.cli sets it first thing as well.

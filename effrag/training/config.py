@@ -145,7 +145,72 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict | No
     raw = _read_yaml(Path(path).resolve()) if path else {}
     over = parse_overrides(overrides) if isinstance(overrides, list) else (overrides or {})
     where = str(path) if path else "config"
-    return _build(Config, _merge(raw, over), where)
+    cfg = _build(Config, _merge(raw, over), where)
+    validate(cfg, where)
+    return cfg
+
+
+def validate(cfg: Config, where: str = "config") -> None:
+    """Values that parse but cannot train: unknown task, non-positive sizes or lr, missing encoder, ..."""
+    from .tasks import BUILTIN, TASKS
+
+    known = sorted(set(BUILTIN) | set(TASKS))
+    if cfg.task not in known:
+        raise ConfigError(f"{where}: task: unknown {cfg.task!r}; known tasks: {known}")
+    m, d, t = cfg.model, cfg.data, cfg.train
+    checks = [
+        ("model.max_length", m.max_length, m.max_length > 0, "> 0"),
+        ("model.head_dropout", m.head_dropout, 0 <= m.head_dropout < 1, "in [0, 1)"),
+        ("model.attention_dropout", m.attention_dropout, m.attention_dropout is None or 0 <= m.attention_dropout < 1, "in [0, 1)"),
+        ("model.hidden_dropout", m.hidden_dropout, m.hidden_dropout is None or 0 <= m.hidden_dropout < 1, "in [0, 1)"),
+        ("model.token_class_weights", m.token_class_weights,
+         len(m.token_class_weights) == 2 and all(w > 0 for w in m.token_class_weights), "two positive weights"),
+        ("data.max_train_examples", d.max_train_examples, d.max_train_examples is None or d.max_train_examples > 0, "> 0 or null"),
+        ("data.max_eval_examples", d.max_eval_examples, d.max_eval_examples is None or d.max_eval_examples > 0, "> 0 or null"),
+        ("train.batch_size", t.batch_size, t.batch_size > 0, "> 0"),
+        ("train.eval_batch_size", t.eval_batch_size, t.eval_batch_size > 0, "> 0"),
+        ("train.grad_accum", t.grad_accum, t.grad_accum > 0, "> 0"),
+        ("train.lr", t.lr, t.lr > 0, "> 0"),
+        ("train.epochs", t.epochs, t.epochs > 0 or (t.max_steps or 0) > 0, "> 0 (or train.max_steps > 0)"),
+        ("train.max_steps", t.max_steps, t.max_steps is None or t.max_steps > 0, "> 0 or null"),
+        ("train.weight_decay", t.weight_decay, t.weight_decay >= 0, ">= 0"),
+        ("train.warmup_ratio", t.warmup_ratio, 0 <= t.warmup_ratio <= 1, "in [0, 1]"),
+        ("train.warmup_steps", t.warmup_steps, t.warmup_steps is None or t.warmup_steps >= 0, ">= 0 or null"),
+        ("train.max_grad_norm", t.max_grad_norm, t.max_grad_norm > 0, "> 0"),
+        ("train.mixed_precision", t.mixed_precision, t.mixed_precision in ("no", "bf16", "fp16"), "no, bf16 or fp16"),
+        ("train.eval_every", t.eval_every, t.eval_every >= 0, ">= 0"),
+        ("train.save_every", t.save_every, t.save_every >= 0, ">= 0"),
+        ("train.save_total_limit", t.save_total_limit, t.save_total_limit >= 1, ">= 1"),
+        ("train.log_every", t.log_every, t.log_every >= 1, ">= 1"),
+        ("train.num_workers", t.num_workers, t.num_workers >= 0, ">= 0"),
+        ("train.torch_threads", t.torch_threads, t.torch_threads is None or t.torch_threads >= 1, ">= 1 or null"),
+    ]
+    for key, value, ok, want in checks:
+        if not ok:
+            raise ConfigError(f"{where}: {key} must be {want}, got {value!r}")
+
+
+def check_encoder(name: str, where: str = "config") -> None:
+    """An alias, a local folder, or a hub id already in the local cache (nothing is downloaded).
+
+    Checked when a model is built, not when a config is read: a config naming a GPU-only
+    encoder (``configs/labeler_paper.yaml``) can still be loaded and inspected anywhere.
+    """
+    from ..models.heads import ENCODER_ALIASES
+
+    if str(name).lower() in ENCODER_ALIASES or Path(name).is_dir():
+        return
+    cached = None
+    if "/" in str(name) and not Path(name).is_absolute() and not str(name).startswith("."):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(str(name), "config.json")
+        except Exception:  # noqa: BLE001 - an invalid repo id is simply "not cached"
+            cached = None
+    if not isinstance(cached, str):
+        raise ConfigError(f"{where}: model.name_or_path: {name!r} is neither an encoder alias "
+                          f"({', '.join(sorted(ENCODER_ALIASES))}), a local folder, nor a locally cached hub model")
 
 
 def _build(cls, raw: dict, where: str):

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from .config import Config, ConfigError, save_config
+from .config import Config, ConfigError, check_encoder, save_config
 from .data import Collator, FeatureDataset, LengthGroupedSampler, file_sha256, group_ids, read_jsonl, select
 from .tasks import Task, get_task
 
@@ -86,6 +86,7 @@ def build_model(task: Task, cfg: Config):
         if mc.gradient_checkpointing:
             model.encoder.gradient_checkpointing_enable()
         return model
+    check_encoder(mc.name_or_path, "model")
     return task.model_cls.from_encoder(mc.name_or_path, options, attention_dropout=mc.attention_dropout,
                                        hidden_dropout=mc.hidden_dropout, gradient_checkpointing=mc.gradient_checkpointing)
 

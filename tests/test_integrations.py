@@ -8,6 +8,7 @@ RetrieverQueryEngine with LlamaIndex's MockLLM, a Haystack Pipeline with PromptB
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
 import pytest
@@ -223,6 +224,8 @@ def test_llamaindex_retriever_in_a_query_engine(bm25, rag, questions):
     prompt = str(response)
     assert hits[0].text in prompt and f"title: {hits[0].title}" in prompt and questions[0] in prompt
     assert "kept_words" not in prompt and "rank:" not in prompt  # bookkeeping stays out of the prompt
+    aresponse = asyncio.run(engine.aquery(questions[0]))  # the query engine's async path
+    assert [n.node.node_id for n in aresponse.source_nodes] == [h.id for h in hits[:2]]
 
     er_nodes = EffragLlamaIndexRetriever(rag).retrieve(questions[1])
     expected = rag.retrieve(questions[1])
@@ -266,6 +269,37 @@ def test_haystack_component_in_a_pipeline(bm25, rag, questions):
     reply = result["llm"]["replies"][0]
     assert reply.endswith(f"Question: {questions[0]}")
     assert all(f"[hop {c.hop}] {c.title}: {c.text}" in reply for c in expected)
+
+
+def test_haystack_pipeline_saves_and_loads_with_the_component(tmp_path, bm25, model_dirs, questions):
+    """Pipeline.dumps()/loads() (YAML) round-trips an EfficientRAG component built from paths; one built from
+    Python objects says how to make it saveable instead of failing deep inside Haystack."""
+    from haystack import Pipeline
+    from haystack.core.errors import SerializationError
+
+    from effrag.integrations.haystack import EffragHaystackRetriever
+
+    bm25.save(tmp_path / "index")
+    (tmp_path / "loop.json").write_text(json.dumps({"hop_k": 4, "max_hops": 2, "tag_threshold": 0.3}))
+    comp = EffragHaystackRetriever.from_paths(index=str(tmp_path / "index"), labeler=model_dirs["labeler"],
+                                              filter=model_dirs["filter"], loop_config=str(tmp_path / "loop.json"))
+    p = Pipeline()
+    p.add_component("retriever", comp)
+    text = p.dumps()
+    assert "from_paths" not in text and str(tmp_path / "loop.json") in text
+    # Haystack only rebuilds classes from trusted modules: the user names ours when loading
+    again = Pipeline.loads(text, allowed_modules=["effrag.integrations.haystack"])
+    first = p.run({"retriever": {"query": questions[0]}})["retriever"]
+    second = again.run({"retriever": {"query": questions[0]}})["retriever"]
+    assert [d.id for d in first["documents"]] == [d.id for d in second["documents"]] and first["documents"]
+    assert first["trace"] == second["trace"]
+    plain = EffragHaystackRetriever.from_paths(index=str(tmp_path / "index"), top_k=2)
+    assert EffragHaystackRetriever.from_dict(plain.to_dict()).run(query=questions[0])["documents"][1].id == \
+        search_ids(bm25, questions[0], 2)[1]
+    with pytest.raises(SerializationError, match="from_paths"):
+        EffragHaystackRetriever(bm25).to_dict()
+    with pytest.raises(ValueError, match="both labeler and filter"):
+        EffragHaystackRetriever.from_paths(index=str(tmp_path / "index"), labeler=model_dirs["labeler"])
 
 
 # ---------------------------------------------------------------------- report plot

@@ -7,6 +7,15 @@
     p.add_component("prompt", PromptBuilder(template=...))
     p.connect("retriever.documents", "prompt.documents")
 
+A pipeline holding the component saves and loads (``Pipeline.dumps()`` / ``loads()``, YAML) when the
+component is built from paths, which is what its ``to_dict`` records::
+
+    EffragHaystackRetriever.from_paths(index="index/", labeler="ck/labeler", filter="ck/filter",
+                                       loop_config="ck/loop-hotpotqa.json")      # EfficientRAG
+    EffragHaystackRetriever.from_paths(index="index/", top_k=10)                  # Direct-R
+    text = pipeline.dumps()
+    Pipeline.loads(text, allowed_modules=["effrag.integrations.haystack"])       # Haystack's trust allowlist
+
 ``run(query, top_k=None)`` returns ``{"documents": [...], "trace": ...}``: Haystack
 Documents with the passage id as ``id``, the retrieval score as ``score`` and meta
 ``id``, ``title``, ``score``, ``hop``, ``kept_words``, ``rank``, ``query``; ``trace``
@@ -18,7 +27,8 @@ import asyncio
 from typing import Any
 
 try:
-    from haystack import Document, component
+    from haystack import Document, component, default_to_dict
+    from haystack.core.errors import SerializationError
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ImportError(f"the Haystack adapter needs haystack-ai: pip install 'effrag[haystack]' ({e})") from e
 
@@ -42,6 +52,39 @@ class EffragHaystackRetriever:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         self.source = as_source(source, k=k, corpus=corpus)
         self.top_k, self.content, self.options = top_k, _check_mode(content), dict(options or {})
+        self._paths: dict[str, Any] | None = None  # set by from_paths: what to_dict saves
+
+    @classmethod
+    def from_paths(cls, index: str, labeler: str | None = None, filter: str | None = None,  # noqa: A002
+                   loop_config: str | None = None, top_k: int | None = None, content: str = "text",
+                   options: dict[str, Any] | None = None, k: int = 10) -> "EffragHaystackRetriever":
+        """A component over a saved index (``effrag index build``), with EfficientRAG when both checkpoints are given."""
+        from effrag.retrieval import load_retriever
+
+        if (labeler is None) != (filter is None):
+            raise ValueError("EfficientRAG needs both labeler and filter (or neither, for plain retrieval)")
+        retriever = load_retriever(index)
+        source: Any = retriever
+        if labeler is not None:
+            from effrag.api import EfficientRAG
+
+            source = EfficientRAG.from_pretrained(labeler, filter, retriever=retriever, config=loop_config)
+        obj = cls(source, top_k=top_k, content=content, options=options, k=k)
+        obj._paths = {"index": str(index), "labeler": labeler and str(labeler), "filter": filter and str(filter),
+                      "loop_config": loop_config and str(loop_config), "top_k": top_k, "content": content,
+                      "options": dict(options or {}), "k": k}
+        return obj
+
+    def to_dict(self) -> dict[str, Any]:
+        if self._paths is None:
+            raise SerializationError(
+                "EffragHaystackRetriever built from Python objects cannot be saved; build it with "
+                "EffragHaystackRetriever.from_paths(index=..., labeler=..., filter=..., loop_config=...)")
+        return default_to_dict(self, **self._paths)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EffragHaystackRetriever":
+        return cls.from_paths(**data.get("init_parameters", {}))
 
     @component.output_types(documents=list[Document], trace=Any)
     def run(self, query: str, top_k: int | None = None) -> dict[str, Any]:

@@ -1,8 +1,13 @@
 """effrag as a LangChain retriever (``pip install 'effrag[langchain]'``).
 
     from effrag.integrations.langchain import EffragLangChainRetriever
-    retriever = EffragLangChainRetriever.from_effrag(rag, top_k=8)   # EfficientRAG, pipeline or retriever
+    retriever = EffragLangChainRetriever.from_effrag(rag, k=8)       # EfficientRAG, pipeline or retriever
     chain = retriever | format_docs | prompt | llm                    # any LCEL chain
+    retriever.invoke("...", k=3)                                      # LangChain's convention: k per call
+
+``k`` is the number of documents, in the constructor and per call, as in LangChain's own
+retrievers (its standard ``RetrieversIntegrationTests`` suite runs in our tests); ``top_k`` is
+accepted as an alias. An unknown constructor field is an error, not silently ignored.
 
 Each :class:`~langchain_core.documents.Document` holds the passage (or
 ``content="kept_words"``: only the words the Labeler kept) and metadata ``id``,
@@ -17,7 +22,7 @@ try:
     from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
     from langchain_core.documents import Document
     from langchain_core.retrievers import BaseRetriever
-    from pydantic import ConfigDict, Field, field_validator
+    from pydantic import AliasChoices, ConfigDict, Field, field_validator
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ImportError(f"the LangChain adapter needs langchain-core: pip install 'effrag[langchain]' ({e})") from e
 
@@ -34,14 +39,15 @@ def to_documents(result: Retrieval, content: str = "text") -> list[Document]:
 class EffragLangChainRetriever(BaseRetriever):
     """A LangChain ``BaseRetriever`` over any effrag source (see :class:`effrag.integrations.ChunkSource`).
 
-    ``options`` are EfficientRAG loop settings applied to every call (e.g.
-    ``{"tag_threshold": 0.3}``); ``invoke(query, top_k=3)`` overrides ``top_k`` per call.
+    ``k`` caps the documents per call (default: the source's own, e.g. the EfficientRAG pool);
+    ``invoke(query, k=3)`` overrides it per call. ``options`` are EfficientRAG loop settings applied
+    to every call (e.g. ``{"tag_threshold": 0.3}``).
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid", populate_by_name=True)
 
     source: ChunkSource
-    top_k: int | None = Field(default=None, ge=1)
+    k: int | None = Field(default=None, ge=1, validation_alias=AliasChoices("k", "top_k"))
     content: str = "text"
     options: dict[str, Any] = Field(default_factory=dict)
 
@@ -58,19 +64,22 @@ class EffragLangChainRetriever(BaseRetriever):
         return v
 
     @classmethod
-    def from_effrag(cls, obj: Any, *, k: int = 10, corpus: Any = None, **kwargs: Any) -> "EffragLangChainRetriever":
-        """Wrap an EfficientRAG, a pipeline, a retriever with ``search`` or a ``fn(queries, k)``."""
-        return cls(source=as_source(obj, k=k, corpus=corpus), **kwargs)
+    def from_effrag(cls, obj: Any, *, k: int | None = None, corpus: Any = None,
+                    **kwargs: Any) -> "EffragLangChainRetriever":
+        """Wrap an EfficientRAG, a pipeline, a retriever with ``search`` or a ``fn(queries, k)``; ``k`` as above."""
+        return cls(source=as_source(obj, k=k or 10, corpus=corpus), k=k, **kwargs)
 
-    def _retrieve(self, query: str, top_k: int | None) -> list[Document]:
-        result = self.source.retrieve(query, top_k=top_k or self.top_k, **self.options)
+    def _retrieve(self, query: str, k: int | None) -> list[Document]:
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        result = self.source.retrieve(query, top_k=k or self.k, **self.options)
         return to_documents(result, self.content)
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
-                                top_k: int | None = None) -> list[Document]:
-        return self._retrieve(query, top_k)
+                                k: int | None = None, top_k: int | None = None) -> list[Document]:
+        return self._retrieve(query, k if k is not None else top_k)
 
     async def _aget_relevant_documents(self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun,
-                                       top_k: int | None = None) -> list[Document]:
+                                       k: int | None = None, top_k: int | None = None) -> list[Document]:
         # The models run in a worker thread so the event loop stays free.
-        return await asyncio.to_thread(self._retrieve, query, top_k)
+        return await asyncio.to_thread(self._retrieve, query, k if k is not None else top_k)

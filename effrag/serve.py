@@ -329,7 +329,7 @@ def _request_models(server: ServerSection):
         tag_threshold: Threshold = None
         token_threshold: Threshold = None
         filter_threshold: Threshold = None
-        include_trace: bool = True
+        include_trace: Annotated[bool, Field(strict=True)] = True  # "yes" is an error, as a string top_k is
 
     class RetrieveRequest(_Options):
         question: Question | None = None

@@ -172,6 +172,7 @@ def test_retrieve_single_and_batch_match_the_retriever(server, bm25, questions):
     ({"question": "a", "qustion": "typo"}, 422, "qustion: Extra inputs are not permitted"),
     ({"question": "a", "tag_threshold": 1.5}, 422, "tag_threshold: Input should be less than or equal to 1"),
     ({"question": "a", "tag_threshold": 0.4}, 400, "method direct-r takes no tag_threshold"),
+    ({"question": "a", "include_trace": "yes"}, 422, "include_trace: Input should be a valid boolean"),
 ])
 def test_bad_requests_get_clear_errors(server, body, status, message):
     r = post(server, "/retrieve", body)

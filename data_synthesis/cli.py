@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from effrag.cli import positive_int as _positive_int
+from effrag.cli import output_dir, positive_int as _positive_int
 
 
 def add_synthesize_parser(subparsers) -> argparse.ArgumentParser:
@@ -21,7 +21,8 @@ def add_synthesize_parser(subparsers) -> argparse.ArgumentParser:
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--inputs", nargs="+", required=True, metavar="FILE",
                    help="dataset files (HotpotQA / 2WikiMQA / MuSiQue, original formats); pooled into one output")
-    p.add_argument("--output", required=True, metavar="DIR", help="output directory (resumed if it exists)")
+    p.add_argument("--output", required=True, metavar="DIR", type=output_dir,
+                   help="output directory (resumed if it exists)")
     p.add_argument("--source", choices=["annotation", "llm"], default="annotation",
                    help="records from the datasets' annotations (default) or from an LLM (paper §3.2)")
     p.add_argument("--llm", metavar="SPEC", help="LLM for --source llm: 'default', 'gguf:PATH' or 'openai:URL#MODEL'")

@@ -88,7 +88,7 @@ def add_index_parser(sub) -> None:
     b = isub.add_parser("build", help="index a corpus.jsonl into DIR (resumes an interrupted dense build)")
     b.add_argument("--corpus", required=True, metavar="corpus.jsonl")
     _add_retriever_args(b, required=True)
-    b.add_argument("--output", required=True, metavar="DIR")
+    b.add_argument("--output", required=True, metavar="DIR", type=output_dir)
     b.set_defaults(func=_cmd_index_build)
 
 
@@ -139,7 +139,7 @@ def add_eval_parser(sub) -> None:
                    help="LLM for answers: 'default' (bundled SmolLM2), gguf:PATH or openai:URL#model; "
                         "retrieval-only methods then also answer with the paper's retrieval prompt")
     p.add_argument("--cache-dir", type=Path, default=None, help=f"index cache (default {_default_cache()})")
-    p.add_argument("--output", required=True, metavar="DIR")
+    p.add_argument("--output", required=True, metavar="DIR", type=output_dir)
     p.add_argument("--overwrite", action="store_true", help="discard earlier predictions in --output")
     p.set_defaults(func=_cmd_eval, method_opts=[])
 
@@ -285,6 +285,13 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def output_dir(value: str) -> str:
+    """argparse type of an ``--output`` folder: an existing *file* there is a usage error, before any work."""
+    if Path(value).is_file():
+        raise argparse.ArgumentTypeError(f"{value} is an existing file; give a folder path")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -293,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                             format="%(levelname)s %(name)s: %(message)s")
         args.func(args)
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, ValueError) as e:
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError,
+            ValueError) as e:
         print(f"effrag: error: {' '.join(str(e).split())}", file=sys.stderr)
         return EXIT_USAGE
     except ImportError as e:  # an optional package the command needs (e.g. the llm extra)

@@ -140,3 +140,17 @@ def test_console_entry_point_reports_errors_on_one_line(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"effrag: error: dataset file not found: {tmp_path / 'x.jsonl'}"
+
+
+def test_an_output_folder_that_is_an_existing_file_is_a_usage_error(tmp_path, capsys):
+    afile = tmp_path / "taken"
+    afile.write_text("keep me")
+    for argv in (["synthesize", "--inputs", str(HOTPOT_TRAIN), "--output", str(afile)],
+                 ["index", "build", "--corpus", str(HOTPOT_TRAIN), "--retriever", "bm25", "--output", str(afile)],
+                 ["irrr-data", "--inputs", str(HOTPOT_TRAIN), "--output", str(afile)]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert f"{afile} is an existing file; give a folder path" in err and "Traceback" not in err
+    assert afile.read_text() == "keep me"

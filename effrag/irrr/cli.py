@@ -5,6 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
+from ..cli import output_dir
+
 
 def add_irrr_data_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("irrr-data", help="build IRRR training data with the dynamic oracle (resumable)",
@@ -13,7 +15,8 @@ def add_irrr_data_parser(subparsers) -> argparse.ArgumentParser:
                    help="training files (HotpotQA / 2WikiMQA / MuSiQue, original formats); pooled into one output")
     p.add_argument("--corpus-from", nargs="+", metavar="FILE",
                    help="files whose contexts form the BM25 corpus (default: the inputs)")
-    p.add_argument("--output", required=True, metavar="DIR", help="output directory (resumed if it exists)")
+    p.add_argument("--output", required=True, metavar="DIR", type=output_dir,
+                   help="output directory (resumed if it exists)")
     p.add_argument("--candidates", type=int, default=5, help="reranker candidates per step (paper: 5)")
     p.add_argument("--augment-p", type=float, default=0.3,
                    help="probability of extending a path with a non-gold paragraph (recovery queries)")

@@ -331,3 +331,13 @@ def test_sample_is_verbatim_prefix_of_shared_data(ds, split, n):
     assert len(lines) == n
     with src.open("rb") as f:
         assert lines == [f.readline() for _ in range(n)]
+
+
+def test_an_empty_dataset_file_says_so(tmp_path):
+    from effrag.data.loaders import DataFormatError
+
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(DataFormatError, match=r"empty.jsonl: empty file \(no records\)"):
+        load_questions(tmp_path / "empty.jsonl")
+    with pytest.raises(DataFormatError, match="empty file"):
+        load_questions(tmp_path / "empty.jsonl", skip_malformed=True)

@@ -290,8 +290,9 @@ def test_nothing_usable_is_an_error_and_a_bad_line_is_skipped_alike_in_every_mod
 
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "other.jsonl").write_text('{"foo": 1}\n')
-    for name in ("empty.jsonl", "other.jsonl"):
-        with pytest.raises(ValueError, match=f"no usable questions in .*{name}"):
+    for name, message in (("empty.jsonl", r"empty.jsonl: empty file \(no records\)"),
+                          ("other.jsonl", r"no usable questions in .*other.jsonl \(1 malformed record")):
+        with pytest.raises(ValueError, match=message):
             synthesize([tmp_path / name], tmp_path / f"out-{name}", negatives=False, show_progress=False)
         assert not (tmp_path / f"out-{name}").exists()
         assert main(["--inputs", str(tmp_path / name), "--output", str(tmp_path / "o"), "--quiet"]) == 2

@@ -322,6 +322,8 @@ def load_questions(path: str | Path, dataset: str | None = None, *, skip_malform
         seen[q.id] = where
         questions.append(q)
     rep.loaded = len(questions)
+    if not questions and not rep.skipped and limit != 0:  # no record at all: say that, not "unknown format"
+        raise DataFormatError(f"{path}: empty file (no records)")
     if rep.skipped:
         log.warning("%s: skipped %d malformed record(s); first: %s", path, rep.skipped, rep.errors[0])
     for note, count in rep.notes.items():

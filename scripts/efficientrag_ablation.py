@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+from effrag.jsonl import read_jsonl
+
 
 def parse_value(v: str):
     for cast in (int, float):
@@ -46,7 +48,7 @@ def cell(folder: Path, want: dict, cap: int) -> str:
     path = folder / "results.jsonl"
     if not path.is_file():
         return "-"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = list(read_jsonl(path))
     match = [r for r in rows if all(r["config"].get(k) == v for k, v in want.items())]
     if not match:
         raise SystemExit(f"{path}: no configuration with {want}")

@@ -17,27 +17,24 @@ queries that missed (question, kept words, next query, the missing gold title).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import Counter
 from pathlib import Path
+
+from effrag.jsonl import read_jsonl
 
 
 def read_rows(run: Path) -> list[dict]:
     path = run / "predictions.jsonl" if run.is_dir() else run
     if not path.is_file():
         raise SystemExit(f"{path}: no predictions.jsonl (an `effrag eval --method efficientrag` output folder)")
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SystemExit(f"{path}:{n}: not JSON ({e})") from None
+    try:
+        rows = list(read_jsonl(path))  # a bad line is an error naming file and line
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    for n, row in enumerate(rows, 1):
         if "hops" not in (row.get("trace") or {}):
-            raise SystemExit(f"{path}:{n}: no per-hop trace (not an EfficientRAG run?)")
-        rows.append(row)
+            raise SystemExit(f"{path}: row {n}: no per-hop trace (not an EfficientRAG run?)")
     return rows
 
 

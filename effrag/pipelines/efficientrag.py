@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Sequence
 
 from effrag.text import chunk_text, filter_input_words, join_words, words, words_batch
@@ -324,12 +324,12 @@ class EfficientRAGLoop:
         else:
             pool_key, extra_key = (lambda c: (c.hop, -c.score)), (lambda c: (-c.score, c.hop))
         if cfg.pool_source == "seen":  # one ranking of every labeled chunk; rejected ones flagged
-            pool = sorted(s.pool + [Chunk(**{**asdict(c), "fallback": True}) for c in s.rejected], key=extra_key)
+            pool = sorted(s.pool + [replace(c, fallback=True) for c in s.rejected], key=extra_key)
         else:
             pool = sorted(s.pool, key=pool_key)
         if len(pool) < cfg.min_candidates:
             extra = sorted(s.rejected, key=extra_key)[: cfg.min_candidates - len(pool)]
-            pool += [Chunk(**{**asdict(c), "fallback": True}) for c in extra]
+            pool += [replace(c, fallback=True) for c in extra]
         if cfg.max_candidates is not None:
             pool = pool[: cfg.max_candidates]
         timing = {k: s.timing.get(k, 0.0) for k in ("retrieval", "labeler", "filter", "other")}

@@ -8,16 +8,16 @@ exactly as the corpus was.
 from __future__ import annotations
 
 import logging
+from functools import lru_cache
 from pathlib import Path
 
 from .base import Hit
 from .meta import read_meta, write_meta
 
 
-
-
+@lru_cache(maxsize=1)
 def _bm25s():
-    """``import bm25s``, then undo its import-time ``setLevel(DEBUG)``, which floods any program that logs."""
+    """``import bm25s`` once, then undo its import-time ``setLevel(DEBUG)``, which floods any program that logs."""
     import bm25s
 
     logging.getLogger("bm25s").setLevel(logging.WARNING)

@@ -5,6 +5,9 @@
         [--retriever bm25|dense|hybrid] [--corpus-from FILE...] [--no-negatives] [--limit N]
 
 Rerunning the same command resumes an interrupted run.
+
+``effrag irrr-data`` makes IRRR's training steps the same way (resumable, one output for all inputs):
+dynamic-oracle queries, retrieved candidates and reader targets (:mod:`.irrr_steps`).
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from effrag.cli import output_dir, positive_int as _positive_int
+from effrag.experiment import output_dir, positive_int
 
 
 def add_synthesize_parser(subparsers) -> argparse.ArgumentParser:
@@ -32,11 +35,12 @@ def add_synthesize_parser(subparsers) -> argparse.ArgumentParser:
                    help="files whose contexts form the negatives' corpus (default: the inputs)")
     p.add_argument("--encoder", metavar="PATH", help="local encoder folder for dense (default all-MiniLM-L6-v2)")
     p.add_argument("--cache-dir", type=Path, help="dense index cache (default: rebuild in memory)")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast for dense encoding (as `effrag eval --bf16`)")
     p.add_argument("--no-negatives", dest="negatives", action="store_false", help="skip hard negatives")
-    p.add_argument("--neg-k", type=_positive_int, default=10, help="hits searched per query for a negative")
-    p.add_argument("--neg-per-query", type=_positive_int, default=1, help="hard negatives per query (paper: 1)")
-    p.add_argument("--limit", type=_positive_int, metavar="N", help="only the first N questions of each input")
-    p.add_argument("--batch-size", type=_positive_int, help="questions per negatives search (default 64; llm 1)")
+    p.add_argument("--neg-k", type=positive_int, default=10, help="hits searched per query for a negative")
+    p.add_argument("--neg-per-query", type=positive_int, default=1, help="hard negatives per query (paper: 1)")
+    p.add_argument("--limit", type=positive_int, metavar="N", help="only the first N questions of each input")
+    p.add_argument("--batch-size", type=positive_int, help="questions per negatives search (default 64; llm 1)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or table")
     p.set_defaults(func=run_synthesize)
     return p
@@ -61,10 +65,60 @@ def run_synthesize(args) -> dict:
     result = synthesize(args.inputs, args.output, source=args.source, llm=llm, retriever=args.retriever,
                         negatives=args.negatives, limit=args.limit, corpus_from=args.corpus_from,
                         batch_size=args.batch_size, neg_k=args.neg_k, per_query=args.neg_per_query, cache_dir=args.cache_dir,
-                        encoder_path=args.encoder, show_progress=not args.quiet)
+                        encoder_path=args.encoder, bf16=args.bf16, show_progress=not args.quiet)
     if args.quiet:
         print(json.dumps(result))
     return result
+
+
+def add_irrr_data_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("irrr-data", help="build IRRR training data with the dynamic oracle (resumable)",
+                              description="``effrag irrr-data``: build IRRR training steps from dataset files.")
+    p.add_argument("--inputs", nargs="+", required=True, metavar="FILE",
+                   help="training files (HotpotQA / 2WikiMQA / MuSiQue, original formats); pooled into one output")
+    p.add_argument("--corpus-from", nargs="+", metavar="FILE",
+                   help="files whose contexts form the BM25 corpus (default: the inputs)")
+    p.add_argument("--output", required=True, metavar="DIR", type=output_dir,
+                   help="output directory (resumed if it exists)")
+    p.add_argument("--candidates", type=int, default=5, help="reranker candidates per step (paper: 5)")
+    p.add_argument("--augment-p", type=float, default=0.3,
+                   help="probability of extending a path with a non-gold paragraph (recovery queries)")
+    p.add_argument("--article-bm25", action="store_true",
+                   help="add the paper's article score to BM25 (Appendix B: IDF^2, b=0 over the whole article)")
+    p.add_argument("--limit", type=int, metavar="N", help="only the first N questions of each input")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_irrr_data)
+    return p
+
+
+def run_irrr_data(args) -> dict:
+    """Handler of ``effrag irrr-data``; ValueError / FileNotFoundError are user errors."""
+    from effrag.data import load_questions
+    from effrag.experiment import open_corpus, open_retriever
+
+    from .irrr_steps import build_irrr_data
+
+    for f in [*args.inputs, *(args.corpus_from or [])]:
+        if not Path(f).is_file():
+            raise FileNotFoundError(f"input file not found: {f}")
+    if not 0.0 <= args.augment_p <= 1.0:
+        raise ValueError(f"--augment-p must be in [0, 1], got {args.augment_p}")
+    if args.candidates < 1:
+        raise ValueError(f"--candidates must be positive, got {args.candidates}")
+    questions = [q for f in args.inputs for q in load_questions(f, limit=args.limit)]
+    corpus = open_corpus(corpus_from=args.corpus_from or args.inputs)
+    bm25 = open_retriever("bm25", corpus, cache=False, bm25_article=args.article_bm25, show_progress=not args.quiet)
+    stats = build_irrr_data(questions, corpus, bm25, args.output, candidates=args.candidates,
+                            augment_p=args.augment_p, seed=args.seed, progress=not args.quiet)
+    out = Path(args.output)
+    (out / "build_config.json").write_text(json.dumps(
+        {"inputs": args.inputs, "corpus_from": args.corpus_from or args.inputs, "candidates": args.candidates,
+         "augment_p": args.augment_p, "limit": args.limit, "seed": args.seed,
+         "corpus_fingerprint": corpus.fingerprint(), "bm25": bm25.opts}, indent=2) + "\n")
+    if not args.quiet:
+        print(json.dumps(stats, indent=2))
+    return stats
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,6 +35,7 @@ from effrag.text import INFO, filter_input_words, join_words, passage_text, word
 from .align import align, content_keys
 
 SOURCE = "llm"
+USER_MESSAGES = "efficientrag/user_messages"  # the templates of the steps' user messages (prompt data)
 COMPARISON_TYPES = {"comparison"}  # sub-questions independent of each other (HotpotQA / 2Wiki "comparison")
 _NORM = re.compile(r"[^0-9a-z]+")
 
@@ -168,15 +169,15 @@ def decomposition_schema(k: int, comparison: bool) -> dict[str, Any]:
 def decomposition_messages(q: Question) -> list[dict[str, str]]:
     comparison = (q.type or "") in COMPARISON_TYPES
     system = load_prompt("efficientrag/decomposition" if comparison else "efficientrag/decomposition_compose")
-    lines = [f"The original multi-hop question is: {q.question}", f"And its answer is: {q.answer}",
-             "Followings are documents to answer each sub_question:"]
+    um = load_prompt(USER_MESSAGES)
+    documents = []
     for i, p in enumerate(q.gold):
-        lines.append(f"#{i + 1} document: {passage_text(p)}")
+        documents.append(um.fill("document", number=i + 1, text=passage_text(p)))
         for s, r, o in q.evidences:  # 2Wiki triples, shown under the document about their subject
             if _norm(s) == _norm(p.title):
-                lines.append(f"evidence: {s} - {r} - {o}")
-    lines.append("Your output must be a JSON object only.")
-    return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(lines)}]
+                documents.append(um.fill("evidence", subject=s, relation=r, object=o))
+    user = um.fill("decomposition", question=q.question, answer=q.answer, documents="".join(documents))
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 def _validate_decomposition(q: Question, data: dict[str, Any]) -> list[SubQ]:
@@ -249,7 +250,8 @@ def decompose(q: Question, llm: LLM, cfg: LLMStepsConfig) -> list[SubQ]:
 # ------------------------------------------------------------------ 2. token labeling
 
 def labeling_messages(sub: SubQ, p: Passage) -> list[dict[str, str]]:
-    user = f"Question: {sub.question}\nParagraph: {passage_text(p)}\nAnswer: {sub.answer}\nYour response:"
+    user = load_prompt(USER_MESSAGES).fill("token_labeling", question=sub.question, paragraph=passage_text(p),
+                                           answer=sub.answer)
     return [{"role": "system", "content": load_prompt("efficientrag/token_labeling")},
             {"role": "user", "content": user}]
 
@@ -284,7 +286,8 @@ def label_chunk(sub: SubQ, p: Passage, llm: LLM, cfg: LLMStepsConfig) -> list[in
 # ------------------------------------------------------------------ 3. next-hop filtering
 
 def filtering_messages(query: str, kept: list[list[str]]) -> list[dict[str, str]]:
-    user = "\n".join([f"Question: {query}"] + [f"Info: {join_words(k)}" for k in kept] + ["Your response:"])
+    um = load_prompt(USER_MESSAGES)
+    user = um.fill("query_filtering", question=query, info="".join(um.fill("info", kept=join_words(k)) for k in kept))
     return [{"role": "system", "content": load_prompt("efficientrag/query_filtering")},
             {"role": "user", "content": user}]
 

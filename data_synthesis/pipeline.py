@@ -49,15 +49,14 @@ def load_inputs(inputs: Sequence[str | Path], limit: int | None = None) -> tuple
 
 
 def make_retriever(kind: str, corpus_paths: Sequence[str | Path], *, cache_dir: str | Path | None = None,
-                   encoder_path: str | None = None, show_progress: bool = True):
+                   encoder_path: str | None = None, bf16: bool = False, show_progress: bool = True):
     """The foundation retriever over the contexts of ``corpus_paths`` (dense indexes cached)."""
     from effrag.data import build_corpus
-    from effrag.retrieval import build_retriever, cached_retriever
+    from effrag.experiment import open_retriever
 
-    corpus = build_corpus(list(corpus_paths), skip_malformed=True)
-    if kind != "bm25" and cache_dir is not None:
-        return cached_retriever(kind, corpus, cache_dir, encoder_path=encoder_path, show_progress=show_progress)
-    return build_retriever(kind, corpus, encoder_path=encoder_path, show_progress=show_progress)
+    corpus = build_corpus(list(corpus_paths), skip_malformed=True)  # a malformed record is a reject, not a stop
+    return open_retriever(kind, corpus, cache=kind != "bm25" and cache_dir is not None, cache_dir=cache_dir,
+                          encoder=encoder_path, bf16=bf16, show_progress=show_progress)
 
 
 def _reject(q: Question, stage: str, reason: str, detail: str = "") -> dict:
@@ -112,7 +111,7 @@ def synthesize(inputs: Sequence[str | Path], out_dir: str | Path, source: str = 
                retriever: Any = "bm25", negatives: bool = True, limit: int | None = None, *,
                corpus_from: Sequence[str | Path] | None = None, batch_size: int | None = None,
                neg_k: int = 10, per_query: int = 1, cache_dir: str | Path | None = None,
-               encoder_path: str | None = None, show_progress: bool = True) -> dict[str, Any]:
+               encoder_path: str | None = None, bf16: bool = False, show_progress: bool = True) -> dict[str, Any]:
     """Synthesize training data from ``inputs`` into ``out_dir``; returns the run summary.
 
     ``retriever`` is a kind (``"bm25"``, ``"dense"``, ``"hybrid"``) built over the
@@ -150,7 +149,7 @@ def synthesize(inputs: Sequence[str | Path], out_dir: str | Path, source: str = 
         todo = [q for q in questions if not writer.is_done(q.dataset, q.id)]
         summary["skipped_done"] = len(questions) - len(todo)
         if negatives and todo and isinstance(retriever, str):
-            retriever = make_retriever(retriever, corpus_from or inputs, cache_dir=cache_dir,
+            retriever = make_retriever(retriever, corpus_from or inputs, cache_dir=cache_dir, bf16=bf16,
                                        encoder_path=encoder_path, show_progress=show_progress)
         cache0 = llm.usage.cache_hits if llm is not None and hasattr(llm, "usage") else 0
         bar = tqdm(total=len(todo), unit="q", desc=f"synthesize[{source}]", dynamic_ncols=True,

@@ -13,11 +13,11 @@ import os as _os
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
-__all__ = ["EfficientRAG", "EfficientRAGConfig", "Chunk", "__version__"]
+__all__ = ["EfficientRAG", "EfficientRAGConfig", "Chunk", "Result", "__version__"]
 
 
 def __getattr__(name):  # lazy: importing effrag must not import torch
-    if name in ("EfficientRAG", "EfficientRAGConfig", "Chunk"):
+    if name in ("EfficientRAG", "EfficientRAGConfig", "Chunk", "Result"):
         from effrag import api
 
         return getattr(api, name)

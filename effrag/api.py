@@ -3,7 +3,7 @@
     from effrag import EfficientRAG
     rag = EfficientRAG.from_pretrained("checkpoints/labeler", "checkpoints/filter",
                                        retriever="indexes/hotpotqa-bm25", tag_threshold=0.5)
-    chunks = rag.retrieve("Who directed the film that ...?")
+    chunks = rag.retrieve("Who directed the film that ...?")   # a Result: reads as its chunk list
     for c in chunks:                 # ranked by hop, then p(<Continue>)
         print(c.hop, c.score, c.title, c.kept_text)
     chunks.trace                     # per hop: queries, retrieved ids, tags, kept words, next queries
@@ -16,41 +16,16 @@ directory, or a plain function ``fn(queries, k)`` returning hits as
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from effrag.pipelines.efficientrag import (Chunk, EfficientRAGConfig, EfficientRAGLoop, LoopResult, build_config,
-                                           load_models)
-from effrag.pipelines.generation import Generation, Generator
+from effrag.pipelines.efficientrag import (EfficientRAGConfig, EfficientRAGLoop, build_config, load_models,
+                                           loop_config, with_answers)
+from effrag.pipelines.generation import Generator
+from effrag.pipelines.result import Chunk, Result
 from effrag.retrieval.base import Hit
 
-__all__ = ["EfficientRAG", "EfficientRAGConfig", "Chunk", "RetrievedChunks", "Answer", "FunctionRetriever"]
-
-
-class RetrievedChunks(list):
-    """The ranked candidate :class:`Chunk` list of one question, carrying ``trace``, ``iterations``, ``timing``."""
-
-    def __init__(self, result: LoopResult):
-        super().__init__(result.chunks)
-        self.question = result.question
-        self.trace = result.trace
-        self.iterations = result.iterations
-        self.timing = result.timing
-
-    @property
-    def ids(self) -> list[str]:
-        return [c.id for c in self]
-
-
-@dataclass
-class Answer:
-    """A generated answer with the chunks it was generated from."""
-
-    question: str
-    answer: str
-    chunks: RetrievedChunks
-    generation: Generation
+__all__ = ["EfficientRAG", "EfficientRAGConfig", "Chunk", "Result", "FunctionRetriever"]
 
 
 class FunctionRetriever:
@@ -109,38 +84,33 @@ class EfficientRAG:
         labeler, filter_model = load_models(labeler_dir, filter_dir)
         return cls(labeler, filter_model, as_retriever(retriever, corpus), cfg)
 
-    @property
-    def config(self) -> EfficientRAGConfig:
-        return self.loop.config
-
-    @config.setter
-    def config(self, cfg: EfficientRAGConfig) -> None:
-        self.loop.config = cfg
+    config = loop_config
 
     @property
     def retriever(self) -> Any:
         return self.loop.retriever
 
-    def retrieve(self, question: str) -> RetrievedChunks:
+    def retrieve(self, question: str) -> Result:
+        """The question's :class:`Result`: iterate it for the ranked chunks; ``trace`` is the list of hops."""
         return self.retrieve_batch([question])[0]
 
-    def retrieve_batch(self, questions: Sequence[str]) -> list[RetrievedChunks]:
+    def retrieve_batch(self, questions: Sequence[str]) -> list[Result]:
         """All questions hop by hop together (same results as one at a time, higher throughput)."""
         if isinstance(questions, str):
             raise TypeError("retrieve_batch takes a list of questions; use retrieve(question) for one")
-        return [RetrievedChunks(r) for r in self.loop.run(list(questions))]
+        return self.loop.run(list(questions))
 
     def answer(self, question: str, llm: Any = "default", *, dataset: str | None = None,
-               context: str = "chunks", **generator_options: Any) -> Answer:
+               context: str = "chunks", **generator_options: Any) -> Result:
         """Retrieve, then one LLM call with the paper's retrieval QA prompt for ``dataset``.
 
         ``llm`` is an :class:`effrag.llm.LLM` or a spec (``"default"`` = bundled SmolLM2);
         ``context="kept_words"`` sends only the Labeler's kept words (compressed context).
+        The result is what ``effrag eval --method efficientrag --llm`` records for the question:
+        ``answer``, the LLM usage, ``trace = {"hops": [...], "generation": {"raw": ...}}``.
         """
-        chunks = self.retrieve(question)
         key = (id(llm) if not isinstance(llm, str) else llm, dataset, context, tuple(sorted(generator_options.items())))
         gen = self._generators.get(key)
         if gen is None:
             gen = self._generators[key] = Generator(llm, dataset=dataset, context=context, **generator_options)
-        out = gen.generate(question, chunks)
-        return Answer(question=question, answer=out.answer, chunks=chunks, generation=out)
+        return with_answers(self.retrieve_batch([question]), gen)[0]

@@ -29,7 +29,7 @@ SUBCOMMANDS: list[str] = [
     "data_synthesis.cli:add_synthesize_parser",
     "effrag.quickstart:add_quickstart_parser",
     "effrag.serve:add_serve_parser",
-    "effrag.irrr.cli:add_irrr_data_parser",
+    "data_synthesis.cli:add_irrr_data_parser",
 ]
 EXIT_USAGE = 2
 
@@ -39,18 +39,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _default_cache() -> Path:
-    return Path(os.environ.get("EFFRAG_CACHE_DIR", Path.home() / ".cache" / "effrag" / "indexes"))
+from effrag.experiment import (add_corpus_args, add_questions_args, add_retriever_args,  # noqa: E402
+                               output_dir, positive_int)
 
 
 # ---------------------------------------------------------------------------- corpus
@@ -73,46 +63,38 @@ def _cmd_corpus_build(args) -> None:
 
 
 # ---------------------------------------------------------------------------- index
-def _add_retriever_args(p, required: bool) -> None:
-    p.add_argument("--retriever", choices=["dense", "bm25", "hybrid"], required=required)
-    p.add_argument("--encoder", metavar="PATH", help="local HF encoder folder (default: all-MiniLM-L6-v2)")
-    p.add_argument("--index-type", choices=["flat", "ivf", "hnsw"], default="flat", help="FAISS index (dense)")
-    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast for encoding (~3x faster on GPUs and AMX/AVX512-BF16 CPUs; fp32 on other CPUs, where emulated bf16 is slower: effrag.hardware)")
-    p.add_argument("--bm25-article", action="store_true",
-                   help="BM25 plus IRRR's article score (IDF^2, b=0 over each title's paragraphs; Appendix B)")
-
-
 def add_index_parser(sub) -> None:
-    p = sub.add_parser("index", help="build a retrieval index")
-    isub = p.add_subparsers(dest="index_cmd", required=True, metavar="{build}")
+    p = sub.add_parser("index", help="build or verify a retrieval index")
+    isub = p.add_subparsers(dest="index_cmd", required=True, metavar="{build,verify}")
     b = isub.add_parser("build", help="index a corpus.jsonl into DIR (resumes an interrupted dense build)")
     b.add_argument("--corpus", required=True, metavar="corpus.jsonl")
-    _add_retriever_args(b, required=True)
+    add_retriever_args(b, required=True)
     b.add_argument("--output", required=True, metavar="DIR", type=output_dir)
     b.set_defaults(func=_cmd_index_build)
+    v = isub.add_parser("verify", help="check every file of a saved index against its recorded sha256 (full read)")
+    v.add_argument("index", metavar="DIR")
+    v.add_argument("--cheap", action="store_true", help="sizes + sampled hashes only (the check done on every load)")
+    v.set_defaults(func=_cmd_index_verify)
 
 
-def _retriever_opts(args) -> dict:
-    opts = {"index_type": args.index_type} if args.retriever != "bm25" else {}
-    if getattr(args, "bm25_article", False):
-        if args.retriever == "dense":
-            raise ValueError("--bm25-article needs --retriever bm25 or hybrid")
-        opts["article"] = True
-    return opts
+def _cmd_index_verify(args) -> None:
+    from effrag.retrieval.meta import verify_index
+
+    mode = verify_index(args.index, verify="cheap" if args.cheap else "full")
+    print(f"{args.index}: " + ("no hashes recorded (saved before integrity checks): not checked" if mode == "off"
+                               else f"every file matches its recorded size and sha256 ({mode} check)"))
 
 
 def _cmd_index_build(args) -> None:
     import shutil
 
-    from effrag.data import Corpus
-    from effrag.retrieval import build_retriever
+    from effrag.experiment import open_corpus, open_retriever
 
-    corpus = Corpus.from_jsonl(args.corpus)
+    corpus = open_corpus(args.corpus)
     out = Path(args.output)
-    opts = _retriever_opts(args)
-    if args.retriever != "bm25":
-        opts["cache_dir"] = out / "emb_shards"
-    retriever = build_retriever(args.retriever, corpus, encoder_path=args.encoder, bf16=args.bf16, **opts)
+    shards = {"cache_dir": out / "emb_shards"} if args.retriever != "bm25" else {}  # a killed build resumes
+    retriever = open_retriever(args.retriever, corpus, cache=False, encoder=args.encoder, bf16=args.bf16,
+                               index_type=args.index_type, bm25_article=args.bm25_article, **shards)
     retriever.save(out)
     shutil.rmtree(out / "emb_shards", ignore_errors=True)
     print(f"wrote {args.retriever} index of {len(corpus)} passages to {out}")
@@ -120,124 +102,60 @@ def _cmd_index_build(args) -> None:
 
 # ---------------------------------------------------------------------------- eval
 def add_eval_parser(sub) -> None:
+    from effrag.data.aliases import add_answer_alias_args
+
     p = sub.add_parser("eval", help="evaluate a method on a dataset file")
     p.add_argument("--method", default="direct-r", help="registered method (default direct-r)")
-    p.add_argument("--questions", required=True, metavar="FILE", help="dataset file in its original format")
-    p.add_argument("--dataset", help="force the questions' format instead of detecting it")
-    p.add_argument("--corpus-from", nargs="+", default=[], metavar="FILE",
-                   help="pool the corpus from these files' contexts plus the questions' own (index cached)")
-    p.add_argument("--corpus", metavar="corpus.jsonl", help="corpus file (indexed and cached unless --index)")
-    p.add_argument("--index", metavar="DIR", help="a saved index (from `effrag index build`)")
-    _add_retriever_args(p, required=False)
+    add_questions_args(p)
+    add_corpus_args(p)
+    add_retriever_args(p)
     p.add_argument("--k", type=positive_int, action="append", metavar="K",
                    help="passages to retrieve; repeat for several (default 10)")
-    p.add_argument("--limit", type=positive_int, metavar="N", help="only the first N questions")
     p.add_argument("--batch-size", type=positive_int, default=1,
                    help="questions per pipeline call (latency is per question either way)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--llm", default=None, metavar="SPEC",
                    help="LLM for answers: 'default' (bundled SmolLM2), gguf:PATH or openai:URL#model; "
                         "retrieval-only methods then also answer with the paper's retrieval prompt")
-    p.add_argument("--cache-dir", type=Path, default=None, help=f"index cache (default {_default_cache()})")
     p.add_argument("--output", required=True, metavar="DIR", type=output_dir)
     p.add_argument("--overwrite", action="store_true", help="discard earlier predictions in --output")
+    add_answer_alias_args(p)  # --aliases FILE: 2Wiki v1.1 answer aliases
     p.set_defaults(func=_cmd_eval, method_opts=[])
-
-
-def _eval_retriever(args, questions_path: Path):
-    """(retriever, corpus, description) from --index, --corpus or --corpus-from."""
-    from effrag.data import Corpus, build_corpus
-    from effrag.retrieval import cached_retriever, load_retriever
-    from effrag.retrieval.meta import read_meta
-
-    if args.index:
-        kind = read_meta(args.index)["kind"]
-        if args.retriever and args.retriever != kind:
-            raise ValueError(f"--retriever {args.retriever} but {args.index} holds a {kind} index")
-        corpus = Corpus.from_jsonl(args.corpus) if args.corpus else None
-        retriever = load_retriever(args.index, corpus=corpus, encoder_path=args.encoder, bf16=args.bf16)
-        return retriever, retriever.corpus, kind
-    if not args.retriever:
-        raise ValueError("--retriever is required unless --index is given")
-    if args.corpus and args.corpus_from:
-        raise ValueError("give either --corpus or --corpus-from, not both")
-    if args.corpus:
-        corpus = Corpus.from_jsonl(args.corpus)
-    elif args.corpus_from:
-        corpus = build_corpus([*args.corpus_from, questions_path], args.dataset)
-    else:
-        raise ValueError("no corpus: give --corpus-from FILE..., --corpus corpus.jsonl or --index DIR")
-    retriever = cached_retriever(args.retriever, corpus, args.cache_dir or _default_cache(),
-                                 encoder_path=args.encoder, bf16=args.bf16, **_retriever_opts(args))
-    return retriever, corpus, args.retriever
-
-
-def _encoder_path(retriever) -> str | None:
-    for r in [retriever, *getattr(retriever, "retrievers", [])]:
-        if getattr(r, "encoder", None) is not None:
-            return str(r.encoder.path)
-    return None
-
-
-def _llm_option(cls, spec: str, dataset: str) -> dict:
-    """``--llm`` for a method: LLM methods take the spec, retrieval methods a shared answer generator."""
-    import inspect
-
-    params = inspect.signature(cls.__init__).parameters
-    if "llm" in params:
-        return {"llm": spec}
-    if "generator" in params:
-        from effrag.pipelines.generation import Generator
-
-        return {"generator": Generator(spec, dataset=dataset)}
-    raise ValueError(f"method {cls.name!r} does not use an LLM (--llm)")
 
 
 def _cmd_eval(args) -> None:
     import shutil
 
-    from effrag.data import load_questions, map_gold
+    from effrag.data.aliases import apply_aliases
     from effrag.evaluation import evaluate, markdown_table
-    from effrag.pipelines import build_pipeline, get_pipeline_class
+    from effrag.experiment import RunSetup, method_options
+    from effrag.pipelines import build_pipeline, get_pipeline_class, llm_options
 
     cls = get_pipeline_class(args.method)
     ks = sorted(set(args.k or [10]))
     if len(ks) > 1 and not getattr(cls, "slice_k", False):
         raise ValueError(f"method {args.method!r} takes one --k")
-    qpath = Path(args.questions)
-    questions = load_questions(qpath, args.dataset, limit=args.limit)
-    if not questions:
-        raise ValueError(f"{qpath}: no questions")
-    retriever, corpus, kind = _eval_retriever(args, qpath)
-    gold, rep = map_gold(questions, corpus, report=True)
-    if rep.missing:
-        print(f"effrag: warning: {len(rep.missing)} of {rep.total} gold passages are not in the corpus "
-              "(counted as not retrieved)", file=sys.stderr)
-        gold = rep.counted_as_missed(questions, gold)
-    method_opts = {d: getattr(args, d) for d in args.method_opts}
-    llm_opts = {}
-    import inspect
-
-    if "dataset" in inspect.signature(cls.__init__).parameters and "dataset" not in method_opts:
-        llm_opts["dataset"] = questions[0].dataset  # few-shot prompts per dataset
-    if args.llm is not None and "llm" not in method_opts:
-        llm_opts.update(_llm_option(cls, args.llm, questions[0].dataset))
+    setup = RunSetup.from_args(args)
+    answer_aliases = apply_aliases(args, setup.questions)  # extends 2Wiki answers in place when --aliases is given
+    if setup.missing_gold_warning():
+        print(f"effrag: warning: {setup.missing_gold_warning()}", file=sys.stderr)
+    questions, retriever, kind = setup.questions, setup.retriever, setup.kind
+    method_opts = method_options(args)
+    # --llm and the questions' dataset (few-shot prompts), as the method declares it uses them
+    llm_opts = {key: v for key, v in llm_options(cls, args.llm, questions[0].dataset).items()
+                if key not in method_opts}
     # a method whose depth lives in its own config (EfficientRAG's hop_k in --er-config) keeps it unless --k is given
     k = max(ks) if args.k or not getattr(cls, "k_in_config", False) else None
     pipeline = build_pipeline(args.method, retriever, k=k, **method_opts, **llm_opts)
     out = Path(args.output)
     if args.overwrite and out.exists():
         shutil.rmtree(out)
-    config = {"method": pipeline.name, "dataset": questions[0].dataset, "questions": str(qpath.resolve()),
-              "corpus_from": [str(Path(f).resolve()) for f in args.corpus_from],
-              "corpus": args.corpus, "index": args.index, "retriever": kind,
-              "corpus_fingerprint": corpus.fingerprint(), "corpus_size": len(corpus),
+    config = {"method": pipeline.name, **setup.describe(),
               "index_type": args.index_type if kind != "bm25" else None,
-              "encoder": _encoder_path(retriever),
               "bf16": args.bf16, "k": ks, "limit": args.limit, "batch_size": args.batch_size,
-              "method_options": method_opts, "llm": args.llm,
+              "method_options": method_opts, "llm": args.llm, "answer_aliases": answer_aliases,
               **({"method_config": pipeline.config.to_json()} if hasattr(getattr(pipeline, "config", None), "to_json") else {})}
-    entries = evaluate(pipeline, questions, gold, out, config, ks=ks, batch_size=args.batch_size, seed=args.seed)
+    entries = evaluate(pipeline, questions, setup.gold, out, config, ks=ks, batch_size=args.batch_size, seed=args.seed)
     print(markdown_table(entries), end="")
     try:  # recall against chunks, like the paper's Figure 2 (needs the plots extra)
         from effrag.evaluation.plots import write_report_plot
@@ -275,21 +193,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         getattr(mod, func)(sub)
     argv = argv or []
     if argv[:1] == ["eval"] and "eval" in sub.choices:
-        from effrag.pipelines import get_pipeline_class
+        from effrag.experiment import add_method_args
 
-        method = _peek(argv, "--method") or "direct-r"
-        ev = sub.choices["eval"]
-        before = {a.dest for a in ev._actions}
-        get_pipeline_class(method).add_args(ev)
-        ev.set_defaults(method_opts=[a.dest for a in ev._actions if a.dest not in before])
+        add_method_args(sub.choices["eval"], _peek(argv, "--method") or "direct-r")
     return parser
-
-
-def output_dir(value: str) -> str:
-    """argparse type of an ``--output`` folder: an existing *file* there is a usage error, before any work."""
-    if Path(value).is_file():
-        raise argparse.ArgumentTypeError(f"{value} is an existing file; give a folder path")
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

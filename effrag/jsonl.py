@@ -1,4 +1,4 @@
-"""Resumable, crash-safe JSONL output: synthesis records and IRRR oracle steps.
+"""Resumable, crash-safe JSONL output: synthesis records, IRRR oracle steps, and result rows (:class:`ResultLog`).
 
 The library's one home for "append records per finished item, survive kill -9, resume
 where it stopped". Default layout (synthesis; other writers pass ``files=``)::
@@ -177,6 +177,73 @@ class ResumableWriter:
             h.close()
 
     def __enter__(self) -> "ResumableWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ResultLog:
+    """Rows appended as each unit of work finishes, read back by key on a rerun (results, predictions).
+
+    The one home of "a killed run resumes and loses nothing finished" for row-per-item outputs:
+    opening cuts a torn last line (a kill mid-write), reads every row under ``key(row)`` (a bad
+    line is a ValueError naming the file and line, with ``hint``), and :meth:`append` writes one
+    row with flush + fsync. ``where`` keeps only rows it accepts (e.g. rows of the same setup).
+    """
+
+    def __init__(self, path: str | Path, key, *, where=None, hint: str = "delete the line to redo it"):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.key = key
+        self.rows: dict[Any, dict[str, Any]] = {}
+        self.torn = bool(self.path.is_file() and _truncate_partial_line(self.path))
+        if self.path.is_file():
+            with self.path.open(encoding="utf-8") as f:
+                for n, line in enumerate(f, start=1):
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                        k = key(row)
+                    except (json.JSONDecodeError, KeyError, TypeError) as e:
+                        msg = e.msg if isinstance(e, json.JSONDecodeError) else f"not a result row: {e!r}"
+                        raise ValueError(f"{self.path}:{n}: invalid JSON ({msg}); {hint}") from None
+                    if where is None or where(row):
+                        self.rows[k] = row
+        self._handle = None
+
+    def __contains__(self, key) -> bool:
+        return key in self.rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def get(self, key, default=None):
+        return self.rows.get(key, default)
+
+    def append(self, row: dict[str, Any]) -> None:
+        self.extend([row])
+
+    def extend(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Write rows in one write, then flush + fsync (a batch is either fully there or cut at a line)."""
+        rows = list(rows)
+        if not rows:
+            return
+        if self._handle is None:
+            self._handle = self.path.open("ab")
+        self._handle.write("".join(_dumps(r) for r in rows).encode("utf-8"))
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        for r in rows:
+            self.rows[self.key(r)] = r
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    def __enter__(self) -> "ResultLog":
         return self
 
     def __exit__(self, *exc) -> None:

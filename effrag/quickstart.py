@@ -6,8 +6,8 @@ Stages (each cached under ``--workdir``; a rerun skips finished stages, and
 1. corpus  - pool the contexts of the bundled HotpotQA, 2WikiMultihopQA and MuSiQue
              sample (train + dev) into one deduplicated corpus;
 2. index   - a dense FAISS index over it with all-MiniLM-L6-v2 (or BM25);
-3. synth   - annotation-derived training data (no LLM) from the sample's train files,
-             hard negatives mined with that index;
+3. synth   - ``effrag synthesize``: annotation-derived training data (no LLM) from the
+             sample's train files, hard negatives mined with that index;
 4. train   - Labeler and Filter fine-tuned from MiniLM on it (the CPU configs);
 5. eval    - EfficientRAG and Direct-R@10/20 on each dataset's sample dev questions,
              printed side by side (recall, chunks, latency).
@@ -77,7 +77,8 @@ def run_quickstart(workdir: str | Path = "runs/quickstart", retriever: str = "de
                    max_train_examples: int | None = None, limit: int | None = None, llm: str | None = None,
                    fresh: bool = False, datasets: tuple[str, ...] = DATASETS) -> list[dict[str, Any]]:
     """Run every stage; returns the comparison rows (also in ``<workdir>/comparison.{json,md}``)."""
-    from effrag.data import Corpus, build_corpus, sample_path
+    from effrag.data import Corpus, sample_path
+    from effrag.experiment import open_corpus
 
     wd = Path(workdir)
     if fresh and wd.exists():
@@ -89,7 +90,7 @@ def run_quickstart(workdir: str | Path = "runs/quickstart", retriever: str = "de
     corpus_path = wd / "corpus.jsonl"
 
     def corpus_stage():
-        corpus = build_corpus(train_files + dev_files)
+        corpus = open_corpus(corpus_from=train_files + dev_files)
         corpus.save(corpus_path)
         return {"passages": len(corpus)}
 
@@ -99,12 +100,19 @@ def run_quickstart(workdir: str | Path = "runs/quickstart", retriever: str = "de
 
     synth_dir = wd / "synth"
 
-    def synth_stage():
-        from data_synthesis.pipeline import synthesize
+    def synth_stage():  # `effrag synthesize`, as a user runs it, negatives mined from the index built above
+        from effrag.cli import main as effrag_main
 
         shutil.rmtree(synth_dir, ignore_errors=True)
-        return {"train": synthesize(train_files, synth_dir / "train", source="annotation", retriever=search),
-                "dev": synthesize(dev_files, synth_dir / "dev", source="annotation", retriever=search)}
+        summary = {}
+        for split, files in (("train", train_files), ("dev", dev_files)):
+            argv = ["synthesize", "--inputs", *files, "--output", str(synth_dir / split), "--source", "annotation",
+                    "--retriever", retriever, "--corpus-from", *train_files, *dev_files,
+                    "--cache-dir", str(wd / "index"), *(["--bf16"] if retriever == "dense" else [])]
+            if effrag_main(argv) != 0:
+                raise RuntimeError(f"effrag {' '.join(argv)} failed (message above)")
+            summary[split] = json.loads((synth_dir / split / "stats.json").read_text())
+        return summary
 
     stages.run("synth", {"files": train_files + dev_files, "retriever": retriever, "corpus": corpus.fingerprint()},
                synth_stage)
@@ -128,26 +136,22 @@ def run_quickstart(workdir: str | Path = "runs/quickstart", retriever: str = "de
 
 
 def _retriever(kind: str, corpus, cache_root: Path):
-    from effrag.retrieval import cached_retriever
+    from effrag.experiment import open_retriever
 
-    return cached_retriever(kind, corpus, cache_root, bf16=kind == "dense")
+    return open_retriever(kind, corpus, cache_dir=cache_root, bf16=kind == "dense")
 
 
 def _train(task: str, synth_dir: Path, out: Path, epochs: float, max_examples: int | None) -> dict:
+    from effrag import configs
     from effrag.training import load_config, train
 
     shutil.rmtree(out, ignore_errors=True)
-    labeler = task == "labeler"  # same settings as configs/labeler.yaml / configs/filter.yaml
-    cfg = load_config(None, {
-        "task": task,
-        "model": {"name_or_path": "minilm", "max_length": 256 if labeler else 128, "attention_dropout": 0.0,
-                  # ~7% of chunk words are kept (vs ~32% for the Filter): weight the positives up
-                  "token_class_weights": [1.0, 3.0] if labeler else [1.0, 1.0]},
+    # the packaged CPU config of the task (configs/labeler.yaml, configs/filter.yaml) on the sample's data
+    cfg = load_config(configs.path(task), {
         "data": {"train_file": str(synth_dir / "train" / f"{task}.jsonl"),
-                 "eval_files": [str(synth_dir / "dev" / f"{task}.jsonl")], "max_train_examples": max_examples},
-        "train": {"output_dir": str(out), "epochs": epochs, "batch_size": 16, "lr": 2e-4 if labeler else 1e-4,
-                  "warmup_ratio": 0.1 if labeler else 0.06, "group_by_length": True, "mixed_precision": "bf16",
-                  "eval_every": 0, "save_every": 0, "report_to": "none", "seed": 42},
+                 "eval_files": [str(synth_dir / "dev" / f"{task}.jsonl")], "max_train_examples": max_examples,
+                 "max_eval_examples": None},
+        "train": {"output_dir": str(out), "epochs": epochs, "save_every": 0, "torch_threads": None},
     })
     results = train(cfg)
     return {k: v for k, v in results.items() if isinstance(v, (int, float, str, dict))}
@@ -155,12 +159,12 @@ def _train(task: str, synth_dir: Path, out: Path, epochs: float, max_examples: i
 
 def _evaluate(ds: str, dev: str, corpus, search, models: dict, out: Path, limit: int | None,
               llm: str | None) -> list[dict]:
-    from effrag.data import load_questions, map_gold
     from effrag.evaluation import evaluate
+    from effrag.experiment import RunSetup
     from effrag.pipelines import build_pipeline
 
-    questions = load_questions(dev, limit=limit)
-    gold = map_gold(questions, corpus)
+    setup = RunSetup.build(dev, limit=limit, corpus=corpus, retriever=search)
+    questions, gold = setup.questions, setup.gold
     generator = None
     if llm:
         from effrag.pipelines.generation import Generator
@@ -181,20 +185,22 @@ def _evaluate(ds: str, dev: str, corpus, search, models: dict, out: Path, limit:
 def _print_table(rows: list[dict], wd: Path, console) -> None:
     from rich.table import Table
 
+    from effrag.evaluation.report import md_table
+
     cols = ["dataset", "method", "k", "n", "recall", "avg_chunks", "latency_s"]
     if any("f1" in r for r in rows):
         cols += ["em", "f1"]
     table = Table(title="EfficientRAG vs Direct-R on the bundled sample (dev)")
     for c in cols:
         table.add_column(c, justify="right" if c not in ("dataset", "method") else "left")
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    body = []
     for r in rows:
         cells = [_fmt(r.get(c)) for c in cols]
         table.add_row(*cells)
-        lines.append("| " + " | ".join(cells) + " |")
+        body.append(cells)
     console.print(table)
     (wd / "comparison.json").write_text(json.dumps(rows, indent=2))
-    (wd / "comparison.md").write_text("\n".join(lines) + "\n")
+    (wd / "comparison.md").write_text(md_table(cols, body))
     console.print(f"written: {wd / 'comparison.md'}")
 
 

@@ -10,10 +10,19 @@ functions and the inference loop builds its inputs with them, so the two cannot 
 """
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Sequence
 
 INFO = ["Info", ":"]  # words opening each known-information block of the Filter input
+_NON_ALNUM = re.compile(r"[^0-9a-z]+")
+# Words that are never IRRR query terms: the dynamic oracle (data_synthesis.irrr_oracle) drops spans made only
+# of these and the trained model's query (effrag.models.irrr) skips them (BM25 ignores them anyway).
+QUERY_STOPWORDS = frozenset(
+    "a an and are as at be been but by for from had has have he her his i in into is it its of on or she "
+    "that the their them there these they this to was were what when where which who whom whose why will "
+    "with how did does do than then also after before during its one two".split()
+)
 
 
 @lru_cache(maxsize=1)
@@ -65,3 +74,12 @@ def filter_input_words(query: str, kept: Sequence[Sequence[str]]) -> list[str]:
     for ws in kept:
         out += INFO + list(ws)
     return out
+
+
+def normalize_word(word: str) -> str:
+    """Lower-case alphanumerics of a word, '' for punctuation: the form in which words of two texts match.
+
+    IRRR's oracle finds query spans shared by a path and a target with it, and its reader finds
+    the answer in a path with it, so training labels and inference agree on what "the same word" is.
+    """
+    return _NON_ALNUM.sub("", word.lower())

@@ -9,16 +9,19 @@ inputs no earlier one produced. Options that act after the loop (``pool_order``,
 
 Every run config also yields its *curve*: the recall of its ranked pool cut at 1..N chunks, which is
 exactly that config with ``max_candidates=c``; :func:`candidates` lets those caps compete for the best
-config within a budget. ``scripts/tune_efficientrag.py`` is the command-line front end.
+config within a budget. :func:`run_grid` runs a grid into a resumable tuning folder;
+``scripts/tune_efficientrag.py`` and the recipe are its command-line front ends.
 """
 from __future__ import annotations
 
 import itertools
 from dataclasses import fields
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .evaluation.metrics import recall
-from .pipelines.efficientrag import EfficientRAGConfig, LoopResult
+from .pipelines.efficientrag import EfficientRAGConfig
+from .pipelines.result import Result
 
 _TYPES = {"int": int, "float": float, "str": str, "int | None": int, "float | None": float}
 GRID_TYPES: dict[str, type] = {f.name: _TYPES[str(f.type)] for f in fields(EfficientRAGConfig)
@@ -72,7 +75,7 @@ def parse_grid(items: Sequence[str]) -> list[dict[str, Any]]:
     return [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
 
 
-def score_results(results: Sequence[LoopResult], gold: Sequence[Sequence[str]], curve_max: int = 10) -> dict[str, Any]:
+def score_results(results: Sequence[Result], gold: Sequence[Sequence[str]], curve_max: int = 10) -> dict[str, Any]:
     """Recall, chunks, seen recall (gold among every chunk labeled in any hop: the ceiling of any pool
     order or cap) and the curve ``[[c, recall, avg_chunks], ...]`` of the pool cut at c = 1..curve_max."""
     n = len(results)
@@ -135,3 +138,94 @@ def direct_r_curve(retriever, questions: Sequence[str], gold: Sequence[Sequence[
     n = len(questions)
     return [{"k": k, "recall": sum(recall([h.id for h in hs[:k]], g) for hs, g in zip(hits, gold)) / n,
              "avg_chunks": sum(min(k, len(hs)) for hs in hits) / n} for k in range(1, k_max + 1)]
+
+
+# ---------------------------------------------------------------------------- the grid run
+def run_grid(loop, texts: Sequence[str], gold: Sequence[Sequence[str]], grid: Sequence[dict[str, Any]],
+             output: str | Path, setup: dict[str, Any], *, grid_spec: Sequence[str] = (), chunk_budget: float | None = None,
+             batch_size: int = 64, curve_max: int = 10, direct_k_max: int = 30,
+             show_progress: bool = True) -> dict[str, Any]:
+    """Run every config of ``grid`` (changes to ``loop.config``) on ``texts`` and write the tuning folder.
+
+    ``output`` gets ``results.jsonl`` (one row per finished config, resumed on a rerun when its
+    ``setup`` matches), ``tune_config.json`` (the setup and every grid run into the folder),
+    ``best.json`` (highest recall within ``chunk_budget`` average chunks: an ``--er-config``),
+    ``curve.json`` (best config per budget 1..``curve_max`` next to Direct-R at k = 1..``direct_k_max``)
+    and ``table.md``. The loop's retriever and models are wrapped in caches for the whole grid.
+    Returns ``{"rows", "best", "direct", "table"}``.
+    """
+    import json
+    import time
+
+    from tqdm.auto import tqdm
+
+    from .jsonl import ResultLog
+
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    base = loop.config
+    if not isinstance(loop.retriever, CachedRetriever):
+        loop.retriever = CachedRetriever(loop.retriever)
+    if not isinstance(loop.labeler, CachedModel):
+        loop.labeler, loop.filter = CachedModel(loop.labeler, pairs=True), CachedModel(loop.filter, pairs=False)
+    cfg_path = out / "tune_config.json"  # every grid run into this folder (results.jsonl holds them all)
+    grids = json.loads(cfg_path.read_text()).get("grids", []) if cfg_path.is_file() else []
+    grids += [list(grid_spec)] if grid_spec and list(grid_spec) not in grids else []
+    cfg_path.write_text(json.dumps({**setup, "grids": grids}, indent=2))
+    config_key = lambda row: json.dumps(row["config"], sort_keys=True)  # noqa: E731
+    try:
+        with ResultLog(out / "results.jsonl", config_key, where=lambda row: row["setup"] == setup) as log:
+            for changes in tqdm(grid, desc="grid", unit="config", disable=not show_progress):
+                cfg = base.replace(**changes)
+                if json.dumps(cfg.to_json(), sort_keys=True) in log:
+                    continue
+                loop.config = cfg
+                t0 = time.perf_counter()
+                results = [r for i in range(0, len(texts), batch_size) for r in loop.run(list(texts[i: i + batch_size]))]
+                log.append({"config": cfg.to_json(), "changes": changes, "setup": setup,
+                            **score_results(results, gold, curve_max), "seconds": time.perf_counter() - t0})
+            rows = sorted(log.rows.values(), key=lambda r: (-r["recall"], r["avg_chunks"]))
+    finally:
+        loop.config = base
+    best = best_within(rows, chunk_budget)
+    if best:
+        (out / "best.json").write_text(json.dumps({"config": best["config"], "metrics": {
+            k: best[k] for k in ("recall", "avg_chunks", "iterations", "empty_pool", "seen_recall", "avg_seen")
+            if k in best}, "curve": best.get("curve"), "setup": setup}, indent=2))
+    direct = direct_r_curve(loop.retriever, texts, gold, max(curve_max, direct_k_max))  # @20/@30: Table-2 shape
+    per_budget = best_per_budget(rows, range(1, curve_max + 1))
+    (out / "curve.json").write_text(json.dumps({"setup": setup, "direct_r": direct, "efficientrag": per_budget},
+                                               indent=2))
+    table = tuning_report(rows, best, direct, per_budget, chunk_budget, setup)
+    (out / "table.md").write_text(table)
+    return {"rows": rows, "best": best, "direct": direct, "table": table}
+
+
+def tuning_report(rows: Sequence[dict], best: dict | None, direct: Sequence[dict], per_budget: Sequence[dict],
+                  chunk_budget: float | None, setup: dict[str, Any]) -> str:
+    """``table.md``: every config ranked (Pareto front marked), the best within the budget, the recall curve."""
+    import json
+
+    from .evaluation.report import md_table
+
+    names = sorted({k for r in rows for k in r["changes"]})
+    front = pareto(rows)
+    body = [[*(str(r["changes"].get(n, r["config"].get(n))) for n in names), f"{100 * r['recall']:.2f}",
+             f"{r['avg_chunks']:.2f}", f"{r['iterations']:.2f}", f"{100 * r['empty_pool']:.1f}%",
+             f"{100 * r['seen_recall']:.2f}" if "seen_recall" in r else "-",
+             f"{r['avg_seen']:.1f}" if "avg_seen" in r else "-", "*" if i in front else ""]
+            for i, r in enumerate(rows)]
+    header = [*names, "recall", "avg chunks", "iterations", "empty pool", "seen recall", "seen chunks", "Pareto"]
+    by_k = {d["k"]: d for d in direct}
+    curve = [[e["budget"], f"{100 * by_k[e['budget']]['recall']:.2f}", f"{100 * e['recall']:.2f}",
+              f"{e['avg_chunks']:.2f}", "yes" if e["recall"] > by_k[e["budget"]]["recall"] else "no"]
+             for e in per_budget if e["budget"] in by_k]
+    best_line = ("none" if not best else json.dumps(best["changes"]) + f" max_candidates={best['config']['max_candidates']}: "
+                 f"recall {100 * best['recall']:.2f} with {best['avg_chunks']:.2f} chunks")
+    return "\n".join([
+        f"# EfficientRAG tuning: {setup.get('n')} questions of {setup.get('questions')}", "",
+        md_table(header, body, "l" * len(names) + "rrrrrrc"),
+        f"best (chunk budget {chunk_budget}): {best_line}", "",
+        "## Recall vs chunks (best config within each budget, vs Direct-R@k)", "",
+        md_table(["chunks", "Direct-R recall", "EfficientRAG recall", "EfficientRAG avg chunks", "ahead"], curve, "rrrrc"),
+    ])

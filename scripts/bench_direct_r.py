@@ -21,24 +21,23 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see effrag.retrieval.encoder
 
-from effrag.data import build_corpus, load_questions, map_gold
 from effrag.evaluation import evaluate, markdown_table
+from effrag.experiment import RunSetup, dataset_file, default_cache_dir
 from effrag.pipelines import build_pipeline
-from effrag.retrieval import cached_retriever, package_versions
+from effrag.provenance import provenance
 
 
 def run(args) -> list[dict]:
     entries: list[dict] = []
     for ds in args.datasets:
-        train, dev = args.data_dir / ds / "train.jsonl", args.data_dir / ds / "dev.jsonl"
-        corpus = build_corpus([train, dev])
-        questions = load_questions(dev, limit=args.limit)
-        gold = map_gold(questions, corpus)  # every gold passage is in the pooled contexts
+        train, dev = dataset_file(args.data_dir, ds, "train"), dataset_file(args.data_dir, ds, "dev")
         for kind in args.retrievers:
             t0 = time.perf_counter()
-            retriever = cached_retriever(kind, corpus, args.cache_dir, encoder_path=args.encoder, bf16=args.bf16)
+            setup = RunSetup.build(dev, limit=args.limit, corpus_from=[train], retriever=kind, encoder=args.encoder,
+                                   bf16=args.bf16, cache_dir=args.cache_dir)
+            questions, gold, corpus = setup.questions, setup.gold, setup.corpus
             index_s = time.perf_counter() - t0
-            pipeline = build_pipeline("direct-r", retriever, k=max(args.k))
+            pipeline = build_pipeline("direct-r", setup.retriever, k=max(args.k))
             config = {"method": "direct-r", "dataset": ds, "retriever": kind, "questions": str(dev),
                       "corpus_from": [str(train), str(dev)], "corpus_fingerprint": corpus.fingerprint(),
                       "corpus_size": len(corpus), "encoder": args.encoder, "bf16": args.bf16 if kind != "bm25" else None,
@@ -54,9 +53,9 @@ def run(args) -> list[dict]:
 
 def write_report(entries: list[dict], args, argv: list[str]) -> None:
     args.output.mkdir(parents=True, exist_ok=True)
-    command = "python scripts/bench_direct_r.py " + " ".join(argv)
-    (args.output / "report.json").write_text(json.dumps(
-        {"command": command, "versions": package_versions(), "entries": entries}, indent=2))
+    prov = provenance(argv=argv, prog="python scripts/bench_direct_r.py")
+    command = prov["command"]
+    (args.output / "report.json").write_text(json.dumps({**prov, "entries": entries}, indent=2))
     lines = [
         "# Direct-R retrieval baseline", "",
         "One retrieval per dev question at the largest k, scored at every k (Recall = fraction of gold "
@@ -81,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-bf16", dest="bf16", action="store_false", help="fp32 encoding (default: bf16 autocast)")
     p.add_argument("--batch-size", type=int, default=1, help="questions per retrieval call (1 = true latency)")
     p.add_argument("--limit", type=int, help="only the first N dev questions of each dataset")
-    p.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "effrag" / "indexes")
+    p.add_argument("--cache-dir", type=Path, default=default_cache_dir())
     p.add_argument("--output", type=Path, default=Path("reports/direct_r"))
     args = p.parse_args(argv)
     if min(args.k) <= 0:

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import statistics
 import sys
 import time
@@ -28,53 +27,17 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def add_setup_args(p: argparse.ArgumentParser) -> None:
-    """Questions, corpus/index and model options shared with ``tune_efficientrag.py``."""
-    from effrag.pipelines.efficientrag import EfficientRAGPipeline
-
-    p.add_argument("--questions", required=True, metavar="FILE", help="dataset file (original format)")
-    p.add_argument("--dataset", help="force the questions' format / pick the QA prompt")
-    p.add_argument("--n", type=int, default=200, help="questions, sampled with --seed (default 200; 0 = all)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--corpus-from", nargs="+", default=[], metavar="FILE",
-                   help="pool the corpus from these files' contexts plus the questions' own")
-    p.add_argument("--corpus", metavar="corpus.jsonl")
-    p.add_argument("--index", metavar="DIR", help="a saved index (effrag index build)")
-    p.add_argument("--retriever", choices=["dense", "bm25", "hybrid"], default="dense")
-    p.add_argument("--cache-dir", type=Path, default=None, help="index cache (default: effrag's)")
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast for the dense encoder (as `effrag eval --bf16`)")
-    EfficientRAGPipeline.add_args(p)
-
-
 def setup(args):
-    """(questions, gold ids, corpus, retriever, pipeline) from the parsed arguments."""
+    """(run setup, EfficientRAG pipeline) from the options of ``effrag.experiment.add_run_args`` + the method's."""
     import logging
+
+    from effrag.experiment import RunSetup, method_options
+    from effrag.pipelines import build_pipeline
 
     # predict() warns about truncated chunks on every call; in a loop over hundreds of hops that is noise
     logging.getLogger("effrag.models").setLevel(logging.ERROR)
-    from effrag.cli import _default_cache
-    from effrag.data import Corpus, build_corpus, load_questions, map_gold
-    from effrag.pipelines.efficientrag import EfficientRAGPipeline
-    from effrag.retrieval import cached_retriever, load_retriever
-
-    questions = load_questions(args.questions, args.dataset)
-    if args.n and args.n < len(questions):
-        questions = sorted(random.Random(args.seed).sample(questions, args.n), key=lambda q: q.id)
-    if args.index:
-        retriever = load_retriever(args.index, corpus=Corpus.from_jsonl(args.corpus) if args.corpus else None)
-        corpus = retriever.corpus
-    else:
-        corpus = Corpus.from_jsonl(args.corpus) if args.corpus else build_corpus([*args.corpus_from, args.questions],
-                                                                                 args.dataset)
-        retriever = cached_retriever(args.retriever, corpus, args.cache_dir or _default_cache(), bf16=args.bf16)
-    gold, rep = map_gold(questions, corpus, report=True)
-    gold = rep.counted_as_missed(questions, gold)  # as in `effrag eval`
-    opts = {k: getattr(args, k) for k in ("labeler", "filter", "er_config", "er_batch_size", "er_bf16", "hop_k", "first_hop_k",
-                                          "max_hops", "tag_threshold", "token_threshold", "filter_threshold",
-                                          "query_mode", "dedup", "max_branches", "max_candidates", "min_candidates",
-                                          "pool_order", "pool_source", "retrieval_weight")}
-    pipe = EfficientRAGPipeline(retriever, **opts)
-    return questions, gold, corpus, retriever, pipe
+    run = RunSetup.from_args(args, own_contexts=True)
+    return run, build_pipeline("efficientrag", run.retriever, **method_options(args))
 
 
 class Recorder:
@@ -118,8 +81,11 @@ def mean(xs) -> float:
 
 
 def main(argv=None) -> int:
+    from effrag.experiment import add_method_args, add_run_args
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_setup_args(p)
+    add_run_args(p, sample=True, retriever_default="dense")
+    add_method_args(p, "efficientrag")
     p.add_argument("--batch-size", type=int, default=32, help="questions per loop call in batched mode")
     p.add_argument("--llm", help="LLM spec for the answer step (e.g. 'default'); omitted = retrieval only")
     p.add_argument("--max-tokens", type=int, default=64)
@@ -131,11 +97,13 @@ def main(argv=None) -> int:
     import torch
 
     from effrag.evaluation.metrics import recall
+    from effrag.provenance import provenance
 
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    questions, gold, corpus, retriever, pipe = setup(args)
+    run, pipe = setup(args)
+    questions, gold, corpus, retriever = run.questions, run.gold, run.corpus, run.retriever
     loop = pipe.loop
     k = loop.config.hop_k
     generator = None
@@ -200,7 +168,7 @@ def main(argv=None) -> int:
         "environment": {"torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
                         "python": platform.python_version(), "torch": torch.__version__,
                         "load_avg": os.getloadavg()[0] if hasattr(os, "getloadavg") else None},
-        "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
+        **provenance(argv=argv),
     }
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "bench.json").write_text(json.dumps(summary, indent=2))
@@ -213,20 +181,23 @@ def main(argv=None) -> int:
 
 
 def render_md(s: dict) -> str:
+    from effrag.evaluation.report import md_table
+
     e, d = s["efficientrag"], s["direct_r"]
     b, raw = e["breakdown_s"], e["raw_forward_s"]
     ms = lambda x: f"{1000 * x:.1f}"  # noqa: E731
     lines = [
         f"# EfficientRAG efficiency ({s['dataset']}, {s['n']} questions, {s['retriever']} over "
         f"{s['corpus_size']} passages, LLM: {s['llm'] or 'none'})", "",
-        "| Method | # LLM calls | # Iteration | Latency (s) | # Chunks | Recall |", "|---|---:|---:|---:|---:|---:|",
-        f"| Direct-R@{d['k']} | {d['llm_calls']:.2f} | - | {d['latency_s']:.4f} | {d['chunks']} | {100 * d['recall']:.2f} |",
-        f"| EfficientRAG | {e['llm_calls']:.2f} | {e['iterations']:.2f} | {e['latency_s']:.4f} | "
-        f"{e['chunks']:.2f} | {100 * e['recall']:.2f} |", "",
+        md_table(["Method", "# LLM calls", "# Iteration", "Latency (s)", "# Chunks", "Recall"], [
+            [f"Direct-R@{d['k']}", f"{d['llm_calls']:.2f}", "-", f"{d['latency_s']:.4f}", d["chunks"],
+             f"{100 * d['recall']:.2f}"],
+            ["EfficientRAG", f"{e['llm_calls']:.2f}", f"{e['iterations']:.2f}", f"{e['latency_s']:.4f}",
+             f"{e['chunks']:.2f}", f"{100 * e['recall']:.2f}"]], "lrrrrr"),
         "Where EfficientRAG's time goes, per question (ms):", "",
-        "| retrieval | Labeler forward | Filter forward | other | generation | total |", "|---:|---:|---:|---:|---:|---:|",
-        f"| {ms(b['retrieval'])} | {ms(b['labeler'])} | {ms(b['filter'])} | {ms(b['other'])} | {ms(b['generation'])} | "
-        f"{ms(e['latency_s'])} |", "",
+        md_table(["retrieval", "Labeler forward", "Filter forward", "other", "generation", "total"],
+                 [[ms(b["retrieval"]), ms(b["labeler"]), ms(b["filter"]), ms(b["other"]), ms(b["generation"]),
+                   ms(e["latency_s"])]], "rrrrrr"),
         f"Pure model forward passes on the same batches (no tokenisation): Labeler {ms(raw['labeler'])} ms, "
         f"Filter {ms(raw['filter'])} ms per question ({e['labeler_pairs_per_q']:.1f} (query, chunk) pairs and "
         f"{e['filter_inputs_per_q']:.2f} Filter inputs per question).", "",

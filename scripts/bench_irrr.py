@@ -76,12 +76,11 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from effrag.data import build_corpus, load_questions, map_gold
     from effrag.evaluation import evaluate
-    from effrag.irrr.reader import IRRRReader
+    from effrag.experiment import RunSetup, dataset_file
+    from effrag.models.irrr import IRRRReader
     from effrag.models import IRRRModel
     from effrag.pipelines import build_pipeline
-    from effrag.retrieval import build_retriever
 
     irrr_model = IRRRModel.from_pretrained(args.irrr).eval()
     reader = IRRRReader(irrr_model)
@@ -89,11 +88,10 @@ def main(argv=None) -> int:
     args.output.mkdir(parents=True, exist_ok=True)
     table = []
     for ds in args.datasets:
-        dev = Path(args.data) / ds / "dev.jsonl"
-        corpus = build_corpus([Path(args.data) / ds / "train.jsonl", dev])
-        retriever = build_retriever("bm25", corpus)
-        questions = load_questions(dev, limit=args.limit)
-        gold = map_gold(questions, corpus)
+        dev = dataset_file(args.data, ds, "dev")
+        setup = RunSetup.build(dev, limit=args.limit, corpus_from=[dataset_file(args.data, ds, "train")],
+                               retriever="bm25", cache=False)
+        corpus, retriever, questions, gold = setup.corpus, setup.retriever, setup.questions, setup.gold
         methods = [(f"direct-r@{k}", lambda k=k: build_pipeline("direct-r", retriever, k=k, generator=reader), None)
                    for k in args.direct_k]
         if args.labeler and args.filter:
@@ -117,15 +115,18 @@ def main(argv=None) -> int:
             table.append(row)
             print(f"{ds:9s} {name:13s} " + " ".join(f"{c}={fmt(row[c])}" for c in COLUMNS[2:])
                   + f" (wall {time.perf_counter() - t0:.0f}s)", file=sys.stderr)
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(fmt(r[c]) for c in COLUMNS) + " |" for r in table]
+    from effrag.evaluation.report import md_table
+    from effrag.provenance import provenance
+
     md = (f"Recall, EM and F1 as fractions; avg_chunks = passages returned; paragraphs_read = passages a model "
           f"read (IRRR reader and EfficientRAG Labeler); latency in s per question (batch 1, torch threads = "
           f"{args.threads}). Direct-R and EfficientRAG are answered by IRRR's reader over each returned chunk "
-          f"alone (no LLM).\n\n") + "\n".join(lines) + "\n"
+          f"alone (no LLM).\n\n") + md_table(COLUMNS, [[fmt(r[c]) for c in COLUMNS] for r in table])
     (args.output / "report.md").write_text(md)
+    data = [Path(args.data) / ds / f"{split}.jsonl" for ds in args.datasets for split in ("dev", "train")]
     (args.output / "report.json").write_text(json.dumps(
-        {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "rows": table}, indent=2))
+        {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "rows": table,
+         **provenance(argv=argv, prog="python scripts/bench_irrr.py", files=data)}, indent=2))
     print(md)
     return 0
 

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import torch
 
+from effrag.evaluation.report import md_table
+from effrag.provenance import provenance
+
 
 def pairs_from(questions_file: str, n: int) -> tuple[list[str], list[list[str]]]:
     from effrag.data.loaders import load_questions
@@ -67,16 +70,15 @@ def main() -> int:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"questions": args.questions, "device": args.device, "bf16": args.bf16, "batch_size": args.batch_size,
-            "max_length": args.max_length, "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": sys.version.split()[0], "machine": platform.processor() or platform.machine(),
-            "command": " ".join(sys.argv)}
+            "max_length": args.max_length, "torch_threads": torch.get_num_threads(),
+            "machine": platform.processor() or platform.machine(),
+            **provenance(prog="scripts/bench_labeler_backbones.py", files=[args.questions])}
     (out / "latency.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     base = rows[0]["ms_per_pair"]
-    md = ["| backbone | parameters (M) | pairs/s | ms / pair | ms / question (25 chunks) | x first |",
-          "|---|---:|---:|---:|---:|---:|"]
-    md += [f"| {r['backbone']} | {r['parameters_m']} | {r['pairs_per_s']} | {r['ms_per_pair']} | "
-           f"{r['ms_per_question_25_chunks']} | {r['ms_per_pair'] / base:.1f} |" for r in rows]
-    md += ["", f"{len(chunks)} (question, passage) pairs from `{args.questions}`, device {args.device}, "
+    md = [md_table(["backbone", "parameters (M)", "pairs/s", "ms / pair", "ms / question (25 chunks)", "x first"],
+                   [[r["backbone"], r["parameters_m"], r["pairs_per_s"], r["ms_per_pair"],
+                     r["ms_per_question_25_chunks"], f"{r['ms_per_pair'] / base:.1f}"] for r in rows], "lrrrrr")]
+    md += [f"{len(chunks)} (question, passage) pairs from `{args.questions}`, device {args.device}, "
            f"bf16 {args.bf16}, batch {args.batch_size}, max_length {args.max_length}, {meta['torch_threads']} threads.",
            f"Command: `{meta['command']}`", ""]
     (out / "latency.md").write_text("\n".join(md))

@@ -76,11 +76,13 @@ class CPUTimed:
     def __init__(self, pipeline):
         self.pipeline, self.name = pipeline, pipeline.name
 
-    def run_batch(self, questions: list[str]) -> list[dict]:
+    def run_batch(self, questions: list[str]) -> list:
         c0 = time.process_time()
         outs = self.pipeline.run_batch(questions)
         per_q = (time.process_time() - c0) / max(1, len(questions))
-        return [{**o, "cpu_s": round(per_q, 3)} for o in outs]
+        for o in outs:  # effrag.pipelines.Result: extra fields go into the predictions row
+            o.extra["cpu_s"] = round(per_q, 3)
+        return outs
 
 
 def summarise(entry: dict, pred_path: Path) -> dict:
@@ -101,14 +103,18 @@ def fmt(v) -> str:
 
 
 def write_report(args, table: list[dict], notes: list[str]) -> str:
+    from effrag.evaluation.report import md_table
+    from effrag.provenance import provenance
+
     notes = sorted(set(notes))
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(fmt(r[c]) for c in COLUMNS) + " |" for r in table]
-    md = "\n".join(lines) + "\n" + "".join(f"\n- {n}" for n in notes) + "\n"
+    md = md_table(COLUMNS, [[fmt(r[c]) for c in COLUMNS] for r in table]) + "".join(f"\n- {n}" for n in notes) + "\n"
     (args.output / "bench.md").write_text(md)
     (args.output / "bench.json").write_text(json.dumps({"config": {k: str(v) if isinstance(v, Path) else v
                                                                    for k, v in vars(args).items()},
-                                                        "rows": table, "notes": notes}, indent=2))
+                                                        "rows": table, "notes": notes,
+                                                        **provenance(prog="python scripts/bench_methods.py",
+                                                                     files=[*args.questions, *args.corpus_from])},
+                                                       indent=2))
     return md
 
 
@@ -129,22 +135,20 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.report_only:
         return report_only(args)
-    from effrag.data import build_corpus, load_questions, map_gold
     from effrag.evaluation import evaluate
+    from effrag.experiment import RunSetup, open_corpus, open_retriever
     from effrag.llm import load_llm
-    from effrag.retrieval import build_retriever
 
     method_opts = json.loads(args.method_opts)
     files = [Path(f) for f in args.questions]
-    corpus = build_corpus([*files, *map(Path, args.corpus_from)])
-    retriever = build_retriever(args.retriever, corpus)
+    corpus = open_corpus(corpus_from=[*files, *map(Path, args.corpus_from)])  # one corpus for every file
+    retriever = open_retriever(args.retriever, corpus, cache=False)
     llm = load_llm(args.llm)
     args.output.mkdir(parents=True, exist_ok=True)
     table, notes = [], []
     for f in files:
-        questions = load_questions(f, limit=args.limit)
-        gold = map_gold(questions, corpus)
-        dataset = questions[0].dataset
+        setup = RunSetup.build(f, limit=args.limit, corpus=corpus, retriever=retriever)
+        questions, gold, dataset = setup.questions, setup.gold, setup.dataset
         for name in args.methods:
             if name == "efficientrag" and not (args.labeler and args.filter):
                 notes.append("efficientrag skipped: give --labeler and --filter")

@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+from effrag.evaluation.report import md_table
 from effrag.jsonl import read_jsonl
 
 
@@ -71,8 +72,7 @@ def main(argv=None) -> int:
     p.add_argument("--output", type=Path)
     args = p.parse_args(argv)
     rows = [parse_row(r) for r in args.row]
-    lines = [f"| lever (recall % with the pool cut at {args.cap} chunks; avg chunks, questions) | "
-             + " | ".join(args.datasets) + " |", "|---|" + "---:|" * len(args.datasets)]
+    table = []
     first = rows[0][1]
     for k in args.direct_r:
         cells = []
@@ -80,11 +80,11 @@ def main(argv=None) -> int:
             curve = Path(first.format(dataset=ds)) / "curve.json"
             d = {x["k"]: x for x in json.loads(curve.read_text())["direct_r"]} if curve.is_file() else {}
             cells.append(f"{100 * d[k]['recall']:.1f}" if k in d else "-")
-        lines.append(f"| Direct-R@{k} (same questions) | " + " | ".join(cells) + " |")
+        table.append([f"Direct-R@{k} (same questions)", *cells])
     for label, folder, want in rows:
-        lines.append(f"| {label} | " + " | ".join(cell(Path(folder.format(dataset=ds)), want, args.cap)
-                                               for ds in args.datasets) + " |")
-    text = "\n".join(lines) + "\n"
+        table.append([label, *(cell(Path(folder.format(dataset=ds)), want, args.cap) for ds in args.datasets)])
+    text = md_table([f"lever (recall % with the pool cut at {args.cap} chunks; avg chunks, questions)", *args.datasets],
+                    table, "l" + "r" * len(args.datasets))
     print(text)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from effrag.evaluation.report import md_table
 from effrag.jsonl import read_jsonl
 
 
@@ -68,19 +69,18 @@ def main(argv=None) -> int:
     p.add_argument("runs", nargs="+", type=Path, help="effrag eval output folders (or predictions.jsonl files)")
     p.add_argument("--output", type=Path, help="write the markdown here (default: print only)")
     args = p.parse_args(argv)
-    lines = ["| run | gold passages | in pool | labeled, cut (by hop) | never retrieved | first seen per hop |",
-             "|---|---:|---:|---|---:|---|"]
-    notes = []
+    table, notes = [], []
     for run in args.runs:
         rows = read_rows(run)
         classes, first_seen, examples = classify(rows)
         total = sum(classes.values())
         cut = ", ".join(f"hop {k.split()[3].rstrip(',')}: {v}" for k, v in sorted(classes.items()) if k.endswith("cut"))
         pct = lambda v: f"{v} ({100 * v / max(1, total):.1f}%)"  # noqa: E731
-        lines.append(f"| {run} | {total} | {pct(classes['in pool'])} | {cut or '-'} | {pct(classes['never retrieved'])} | "
-                     + ", ".join(f"hop {h}: {v}" for h, v in sorted(first_seen.items())) + " |")
+        table.append([run, total, pct(classes["in pool"]), cut or "-", pct(classes["never retrieved"]),
+                      ", ".join(f"hop {h}: {v}" for h, v in sorted(first_seen.items()))])
         notes += [f"\n### {run}: gold never retrieved (first examples)\n", *examples]
-    text = "\n".join(lines + notes) + "\n"
+    header = ["run", "gold passages", "in pool", "labeled, cut (by hop)", "never retrieved", "first seen per hop"]
+    text = md_table(header, table, "lrrlrl") + "".join(f"{n}\n" for n in notes)
     print(text)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

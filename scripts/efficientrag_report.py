@@ -24,6 +24,8 @@ import json
 import sys
 from pathlib import Path
 
+from effrag.evaluation.report import md_table
+
 TABLE_KS = (7, 10, 20, 30)
 
 
@@ -43,10 +45,10 @@ def load_tuning(folder: Path) -> dict:
 
 
 def tables(runs: dict[str, dict], budget: float, bar_k: int) -> tuple[str, str, list[dict]]:
-    t2 = ["| dataset (dev questions) | " + " | ".join(f"Direct-R@{k}" for k in TABLE_KS)
-          + " | EfficientRAG recall / chunks | seen recall / chunks | bar: >= Direct-R@" + f"{bar_k} with <= {budget:g} chunks |",
-          "|---|" + "---:|" * len(TABLE_KS) + "---:|---:|:---:|"]
-    curve = ["| dataset | " + " | ".join(f"{k}" for k in range(1, 11)) + " |", "|---|" + "---:|" * 10]
+    t2_head = ["dataset (dev questions)", *(f"Direct-R@{k}" for k in TABLE_KS), "EfficientRAG recall / chunks",
+               "seen recall / chunks", f"bar: >= Direct-R@{bar_k} with <= {budget:g} chunks"]
+    t2_rows: list[list[str]] = []
+    curve_rows: list[list[str]] = []
     rows: list[dict] = []
     for ds, run in runs.items():
         direct = {d["k"]: d for d in run["curve"]["direct_r"]}
@@ -54,23 +56,24 @@ def tables(runs: dict[str, dict], budget: float, bar_k: int) -> tuple[str, str, 
         m = best["metrics"]
         met = m["recall"] >= direct[bar_k]["recall"] and m["avg_chunks"] <= budget
         seen = f"{100 * m['seen_recall']:.2f} / {m['avg_seen']:.1f}" if "seen_recall" in m else "-"
-        t2.append(f"| {ds} ({n}) | " + " | ".join(f"{100 * direct[k]['recall']:.2f}" for k in TABLE_KS)
-                  + f" | **{100 * m['recall']:.2f} / {m['avg_chunks']:.2f}** | {seen} | "
-                  f"{'met' if met else 'missed'} ({100 * (m['recall'] - direct[bar_k]['recall']):+.2f}) |")
+        t2_rows.append([f"{ds} ({n})", *(f"{100 * direct[k]['recall']:.2f}" for k in TABLE_KS),
+                        f"**{100 * m['recall']:.2f} / {m['avg_chunks']:.2f}**", seen,
+                        f"{'met' if met else 'missed'} ({100 * (m['recall'] - direct[bar_k]['recall']):+.2f})"])
         er = {c: (rec, ch) for c, rec, ch in best["curve"]}
         cells_d = [f"{100 * direct[k]['recall']:.1f}" for k in range(1, 11)]
         cells_e = [(f"**{100 * er[k][0]:.1f}**" if er[k][0] > direct[k]["recall"] else f"{100 * er[k][0]:.1f}")
                    + (f" ({er[k][1]:.1f})" if abs(er[k][1] - k) > 0.05 else "") if k in er else "-"
                    for k in range(1, 11)]
-        curve += [f"| {ds}: Direct-R@k | " + " | ".join(cells_d) + " |",
-                  f"| {ds}: EfficientRAG, cap k | " + " | ".join(cells_e) + " |"]
+        curve_rows += [[f"{ds}: Direct-R@k", *cells_d], [f"{ds}: EfficientRAG, cap k", *cells_e]]
         for k, d in sorted(direct.items()):
             # no "k" key: the x axis already says how many chunks, and 30 point labels would hide the lines
             rows.append({"method": "direct-r (top k)", "dataset": ds, "recall": d["recall"], "avg_chunks": d["avg_chunks"]})
         for c, rec, ch in best["curve"]:
             rows.append({"method": "efficientrag (loop-<dataset>.json, pool cut at k)", "dataset": ds, "recall": rec,
                          "avg_chunks": ch})
-    return "\n".join(t2) + "\n", "\n".join(curve) + "\n", rows
+    t2 = md_table(t2_head, t2_rows, "l" + "r" * len(TABLE_KS) + "rrc")
+    curve = md_table(["dataset", *(f"{k}" for k in range(1, 11))], curve_rows, "l" + "r" * 10)
+    return t2, curve, rows
 
 
 def main(argv=None) -> int:

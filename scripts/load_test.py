@@ -10,7 +10,9 @@ Only loopback targets (127.0.0.0/8, ::1, localhost) are accepted. Each client se
 one request at a time, questions taken round-robin from a dataset file; the run stops
 after ``--duration`` seconds or ``--max-requests`` requests, whichever comes first.
 Reports requests/s, questions/s, latency p50/p95/p99, errors, and the server's
-batching counters (how many requests shared a model call), as JSON and markdown.
+batching counters (how many requests shared a model call), as JSON and markdown;
+with ``--spawn`` also the server's RSS before and after the load (Linux), to check that
+memory levels off: run it twice with different ``--max-requests`` and compare.
 """
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
+
+from effrag.evaluation.report import md_table
+from effrag.provenance import provenance
 
 
 def loopback_only(url: str) -> str:
@@ -79,6 +84,15 @@ def spawn_server(config: str, log_path: Path) -> tuple[subprocess.Popen, str]:
         time.sleep(0.5)
     stop_server(proc)
     raise SystemExit(f"load_test: server did not come up in 300 s; see {log_path}")
+
+
+def rss_mb(pid: int) -> float | None:
+    """Resident memory of a process in MB (Linux /proc), or None."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return round(next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024, 1)
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def stop_server(proc: subprocess.Popen) -> int:
@@ -153,7 +167,11 @@ def markdown(report: dict) -> str:
             ("latency p50 / p95 / p99 ms", f"{lat['p50']} / {lat['p95']} / {lat['p99']}"),
             ("latency mean / max ms", f"{lat['mean']} / {lat['max']}"),
             ("model calls (mean questions per call)", f"{srv['model_calls']} ({srv['mean_questions_per_model_call']})")]
-    return ("# effrag serve load test\n\n| | |\n|---|---:|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
+    rss = report.get("server_rss_mb") or {}
+    if rss.get("before") is not None:
+        rows.append(("server RSS MB before / after", f"{rss['before']} / {rss['after']}"))
+    # f"{v}": a value the server did not report reads "None", as it always has
+    return ("# effrag serve load test\n\n" + md_table(["", ""], [(k, f"{v}") for k, v in rows], "lr")
             + f"\nCommand: `{report['command']}`\n")
 
 
@@ -186,12 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     proc = None
     if args.spawn:
         proc, url = spawn_server(args.config, out / "server.log")
+    rss_before = rss_mb(proc.pid) if proc is not None else None
     try:
         report = asyncio.run(run_clients(url, questions, args))
+        rss_after = rss_mb(proc.pid) if proc is not None else None
     finally:
         code = stop_server(proc) if proc is not None else None
     report.update(url=url, questions_file=args.questions, server_exit_code=code,
-                  command=" ".join([Path(sys.executable).name, *sys.argv]) if argv is None else " ".join(argv),
+                  server_rss_mb={"before": rss_before, "after": rss_after},
+                  **provenance(argv=argv, prog="python scripts/load_test.py", files=[args.questions]),
                   started=time.strftime("%Y-%m-%dT%H:%M:%S"), config=args.config if args.spawn else None)
     (out / "load_test.json").write_text(json.dumps(report, indent=2))
     (out / "load_test.md").write_text(markdown(report))

@@ -46,15 +46,12 @@ def model_dirs(path: str) -> tuple[Path, Path]:
 
 
 def render(rows: list[dict], models: list[str], datasets: list[str]) -> str:
+    from effrag.evaluation.report import md_table
+
     cell = {(r["model"], r["dataset"]): r for r in rows}
-    lines = ["| trained on \\ evaluated on | " + " | ".join(datasets) + " |", "|---" * (len(datasets) + 1) + "|"]
-    for m in models:
-        vals = []
-        for d in datasets:
-            r = cell.get((m, d))
-            vals.append(f"{100 * r['recall']:.2f} / {r['avg_chunks']:.2f}" if r else "-")
-        lines.append(f"| {m} | " + " | ".join(vals) + " |")
-    return "\n".join(lines)
+    body = [[m, *(f"{100 * r['recall']:.2f} / {r['avg_chunks']:.2f}" if (r := cell.get((m, d))) else "-"
+                  for d in datasets)] for m in models]
+    return md_table(["trained on \\ evaluated on", *datasets], body).rstrip("\n")
 
 
 def main(argv=None) -> int:
@@ -76,11 +73,12 @@ def main(argv=None) -> int:
 
     from tqdm.auto import tqdm
 
-    from effrag.cli import _default_cache
-    from effrag.data import build_corpus, load_questions, map_gold
+    from effrag.data import load_questions
     from effrag.evaluation.metrics import recall
+    from effrag.experiment import RunSetup, dataset_file
+    from effrag.jsonl import ResultLog
+    from effrag.provenance import command_line
     from effrag.pipelines.efficientrag import EfficientRAGLoop, build_config, load_models
-    from effrag.retrieval import cached_retriever
 
     logging.getLogger("effrag.models").setLevel(logging.ERROR)
     models = {name: model_dirs(path) for name, path in pairs(args.models, "models").items()}
@@ -88,56 +86,42 @@ def main(argv=None) -> int:
     unknown = sorted(set(configs) - set(args.datasets))
     if unknown:
         raise SystemExit(f"--config names datasets not evaluated: {unknown}")
-    args.output.mkdir(parents=True, exist_ok=True)
-    res_path = args.output / "results.jsonl"
-    done = {}
-    if res_path.is_file():
-        for n, line in enumerate(res_path.read_text().splitlines(), 1):
-            try:
-                row = json.loads(line)
-                done[(row["model"], row["dataset"], json.dumps(row["setup"], sort_keys=True))] = row
-            except (json.JSONDecodeError, KeyError) as e:
-                raise SystemExit(f"{res_path}:{n}: not a result row ({e}); delete the line to rerun it") from None
+    cell_key = lambda r: (r["model"], r["dataset"], json.dumps(r["setup"], sort_keys=True))  # noqa: E731
     rows, loaded = [], {}
-    with res_path.open("a") as f:
+    with ResultLog(args.output / "results.jsonl", cell_key, hint="delete the line to rerun that cell") as done:
         for ds in args.datasets:
-            dev, train = args.data / ds / "dev.jsonl", args.data / ds / "train.jsonl"
-            questions = load_questions(dev, ds)
-            questions = questions[: args.limit] if args.limit else questions
+            dev, train = dataset_file(args.data, ds, "dev"), dataset_file(args.data, ds, "train")
+            questions = load_questions(dev, ds, limit=args.limit or None)
             cfg = build_config(configs.get(ds), bf16=args.bf16 or None)
             setup = {"questions": str(dev.resolve()), "n": len(questions), "retriever": args.retriever,
                      "config": cfg.to_json()}
             key = json.dumps(setup, sort_keys=True)
             todo = [m for m in models if (m, ds, key) not in done]
-            rows += [done[(m, ds, key)] for m in models if (m, ds, key) in done]
+            rows += [done.get((m, ds, key)) for m in models if (m, ds, key) in done]
             if not todo:
                 continue
-            corpus = build_corpus([train, dev], ds)
-            retriever = cached_retriever(args.retriever, corpus, _default_cache(), bf16=args.bf16)
-            gold, rep = map_gold(questions, corpus, report=True)
-            gold = rep.counted_as_missed(questions, gold)  # as in `effrag eval`
-            texts = [q.question for q in questions]
+            run = RunSetup.build(questions, corpus_from=[train, dev], dataset=ds, retriever=args.retriever,
+                                 bf16=args.bf16)  # gold missing from the corpus counts as missed, as in `effrag eval`
             for m in todo:
                 if m not in loaded:  # each pair loads once, whatever the number of datasets
                     loaded[m] = load_models(*map(str, models[m]))
-                loop = EfficientRAGLoop(*loaded[m], retriever, cfg)
+                loop = EfficientRAGLoop(*loaded[m], run.retriever, cfg)
                 t0 = time.perf_counter()
                 results = []
-                for i in tqdm(range(0, len(texts), args.batch_size), desc=f"{m} on {ds}", unit="batch"):
-                    results += loop.run(texts[i: i + args.batch_size])
+                for i in tqdm(range(0, len(run.texts), args.batch_size), desc=f"{m} on {ds}", unit="batch"):
+                    results += loop.run(run.texts[i: i + args.batch_size])
                 n = len(results)
                 row = {"model": m, "dataset": ds, "setup": setup, "labeler": str(models[m][0]),
                        "filter": str(models[m][1]),
-                       "recall": sum(recall([c.id for c in r.chunks], g) for r, g in zip(results, gold)) / n,
+                       "recall": sum(recall([c.id for c in r.chunks], g) for r, g in zip(results, run.gold)) / n,
                        "avg_chunks": sum(len(r.chunks) for r in results) / n,
                        "iterations": sum(r.iterations for r in results) / n, "seconds": time.perf_counter() - t0}
-                f.write(json.dumps(row) + "\n")
-                f.flush()
+                done.append(row)
                 rows.append(row)
     table = render(rows, list(models), args.datasets)
     counts = {d: next(r["setup"]["n"] for r in rows if r["dataset"] == d) for d in args.datasets
               if any(r["dataset"] == d for r in rows)}
-    cmd = " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:]))
+    cmd = command_line(argv)
     text = "\n".join([
         "# EfficientRAG transfer: recall % / average chunks (rows: training data; columns: dev file evaluated)", "",
         table, "",

@@ -53,11 +53,12 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from effrag.data import build_corpus, load_questions, map_gold
+    from effrag.data import load_questions
     from effrag.evaluation.metrics import f1, recall
+    from effrag.experiment import RunSetup, dataset_file
+    from effrag.jsonl import ResultLog
     from effrag.models import IRRRModel
     from effrag.pipelines.irrr import IRRRConfig, IRRRRunner
-    from effrag.retrieval import build_retriever
 
     model = IRRRModel.from_pretrained(args.irrr).eval()
     args.output.mkdir(parents=True, exist_ok=True)
@@ -65,22 +66,21 @@ def main(argv=None) -> int:
     for qt in args.query_thresholds:
         runs[qt] = {}
         for ds in args.datasets:
-            cache = args.output / f"runs_q{qt}_{ds}.jsonl"
-            dev = Path(args.data) / ds / "dev.jsonl"
+            dev = dataset_file(args.data, ds, "dev")
             questions = load_questions(dev, limit=args.limit)
-            if cache.is_file() and sum(1 for _ in cache.open()) == len(questions):
-                runs[qt][ds] = [json.loads(line) for line in cache.open()]
-                continue
-            corpus = build_corpus([Path(args.data) / ds / "train.jsonl", dev])
-            gold = map_gold(questions, corpus)
-            runner = IRRRRunner(model, build_retriever("bm25", corpus),
-                                IRRRConfig(k=args.k, max_path=args.max_path, query_threshold=qt,
-                                           answer_threshold=float("inf")))
-            rows = []
-            for q, g in zip(questions, gold):
-                r = runner.run([q.question])[0]
-                rows.append({"qid": q.id, "answers": q.answers, "gold": g, "steps": r["steps"]})
-            cache.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            # one row per question as it finishes: a killed tuning run resumes mid-dataset
+            with ResultLog(args.output / f"runs_q{qt}_{ds}.jsonl", key=lambda r: r["qid"]) as log:
+                todo = [q for q in questions if q.id not in log]
+                if todo:
+                    setup = RunSetup.build(todo, corpus_from=[dataset_file(args.data, ds, "train"), dev],
+                                           retriever="bm25", cache=False)
+                    runner = IRRRRunner(model, setup.retriever,
+                                        IRRRConfig(k=args.k, max_path=args.max_path, query_threshold=qt,
+                                                   answer_threshold=float("inf")))
+                    for q, g in zip(setup.questions, setup.gold):
+                        r = runner.run([q.question])[0]
+                        log.append({"qid": q.id, "answers": q.answers, "gold": g, "steps": r["steps"]})
+                rows = [log.get(q.id) for q in questions]
             runs[qt][ds] = rows
             print(f"query_threshold={qt} {ds}: {len(rows)} questions run to the cap", file=sys.stderr)
     grid = []

@@ -22,3 +22,46 @@ def sample_train_questions():
 def sample_corpus(sample_dev_questions, sample_train_questions):
     """Corpus pooling the contexts of all bundled train and dev samples."""
     return Corpus.from_questions(sample_train_questions + sample_dev_questions)
+
+
+@pytest.fixture(scope="session")
+def tiny_efficientrag_dirs(tmp_path_factory):
+    """A tiny Labeler and Filter (2-layer BERT, MiniLM tokenizer) saved in the effrag checkpoint format.
+
+    Randomly initialised with widened heads, so that p(<Continue>) and word keep probabilities spread
+    over (0, 1) and every threshold in a grid changes what the loop does.
+    """
+    import torch
+    from transformers import AutoModel, BertConfig
+
+    from effrag.models import FilterModel, LabelerModel
+    from effrag.models.heads import load_tokenizer, resolve_encoder
+
+    torch.manual_seed(0)
+    tok = load_tokenizer(resolve_encoder("minilm"))
+    root = tmp_path_factory.mktemp("tiny_efficientrag")
+    dirs = {}
+    for name, cls in (("labeler", LabelerModel), ("filter", FilterModel)):
+        cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=512)
+        model = cls(AutoModel.from_config(cfg), tok, {"max_length": 256})
+        with torch.no_grad():
+            model.token_head.proj.weight.mul_(40.0)
+            if name == "labeler":
+                model.chunk_head.proj.weight.mul_(40.0)
+        model.save_pretrained(root / name)
+        dirs[name] = root / name
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models gain nothing from threads, and on 2 shared cores threads thrash; restored afterwards.
+
+    Use with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

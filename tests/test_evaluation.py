@@ -8,7 +8,7 @@ import pytest
 from effrag.data import Corpus, Passage, Question
 from effrag.evaluation import cover_em, evaluate, exact_match, f1, markdown_table, normalize_answer, recall
 from effrag.evaluation.metrics import answer_rule
-from effrag.pipelines import Pipeline, build_pipeline, get_pipeline_class, register_pipeline
+from effrag.pipelines import Chunk, Pipeline, Result, build_pipeline, get_pipeline_class, register_pipeline
 from effrag.retrieval import BM25Retriever
 
 
@@ -75,11 +75,11 @@ def test_a_new_method_registers_with_a_decorator(bm25):
 
         def run(self, question):
             [hits] = self.retriever.search([question], 1)
-            return self.output([h.id for h in hits], [h.score for h in hits], iterations=1)
+            return Result(question, [Chunk.from_hit(h) for h in hits], iterations=1)
 
     p = build_pipeline("test-first-hit", bm25)
     assert isinstance(p, FirstHit) and p.name == "test-first-hit"
-    assert p.run_batch(["capital of France"])[0]["retrieved"] == [PASSAGES["Paris"].id]
+    assert p.run_batch(["capital of France"])[0].ids == [PASSAGES["Paris"].id]
 
 
 # ---------------------------------------------------------------- runner
@@ -206,3 +206,39 @@ def test_f1_follows_each_datasets_official_rule():
     assert f1("Paris France", ["Lyon", "Paris"], "musique") == f1("Paris France", ["Lyon", "Paris"]) == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="unknown answer rule"):
         f1("a", "b", "squad3")
+
+
+# ---------------------------------------------------------------- 2Wiki v1.1 answer aliases
+def test_2wiki_alias_answer_scores_em_only_with_the_alias_file(tmp_path, bm25, capsys):
+    """The official v1.1 script scores against the gold answer and the aliases + demonyms of answer_id."""
+    import argparse
+
+    from effrag.data import load_questions, sample_path
+    from effrag.data.aliases import add_answer_alias_args, apply_aliases
+
+    alias_file = tmp_path / "id_aliases.json"
+    alias_file.write_text('{"Q_id": "Q1150195", "aliases": ["Samson and the Mighty Challenge"], '
+                          '"demonyms": ["Samsonian"]}\n', "utf-8")
+
+    def alias_answer(question, hits):
+        return {"answer": "Samson and the Mighty Challenge"}
+
+    def demonym_answer(question, hits):
+        return {"answer": "samsonian"}
+
+    parser = argparse.ArgumentParser()
+    add_answer_alias_args(parser)
+    results = {}
+    for name, argv in {"without": [], "with": ["--aliases", str(alias_file)]}.items():
+        args = parser.parse_args(argv)
+        qs = load_questions(sample_path("2wikimqa"), limit=1)
+        recorded = apply_aliases(args, qs)
+        assert recorded == (str(alias_file.resolve()) if argv else None)
+        for gen_name, gen in {"alias": alias_answer, "demonym": demonym_answer}.items():
+            pipe = build_pipeline("direct-r", bm25, k=1, generator=gen)
+            [e] = evaluate(pipe, qs, [[]], tmp_path / name / gen_name, {"answer_aliases": recorded}, ks=[1],
+                           show_progress=False)
+            results[name, gen_name] = (e["em"], e["f1"])
+    assert results["without", "alias"][0] == 0.0 and results["without", "demonym"] == (0.0, 0.0)
+    assert results["with", "alias"] == (1.0, 1.0) and results["with", "demonym"] == (1.0, 1.0)
+    assert "answer aliases from" in capsys.readouterr().err

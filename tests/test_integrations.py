@@ -93,13 +93,13 @@ def test_source_over_search_pipeline_and_function_agree(bm25, questions):
     assert direct[0].trace == [{"hop": 0, "queries": [questions[0]], "retrieved": direct[0].ids}]
     # top_k reaches the search itself
     assert as_source(bm25, k=K).retrieve(questions[0], top_k=2).ids == search_ids(bm25, questions[0], 2)
-    # a registered pipeline: ids come back as passages through the retriever's corpus
+    # a registered pipeline: its results carry the passages themselves
     pipe = as_source(build_pipeline("direct-r", bm25, k=K))
     assert pipe.kind == "pipeline" and pipe.method == "direct-r"
     via_pipe = pipe.retrieve_batch(questions)
     assert [r.ids for r in via_pipe] == [r.ids for r in direct]
     assert [c.text for c in via_pipe[1].chunks] == [c.text for c in direct[1].chunks]
-    assert via_pipe[0].info["iterations"] == 1
+    assert via_pipe[0].iterations == 1
     # a plain function returning dict hits
     fn = as_source(lambda qs, k: [[h.to_json() for h in hs] for hs in bm25.search(qs, k)], k=K)
     assert [r.ids for r in fn.retrieve_batch(questions)] == [r.ids for r in direct]
@@ -118,11 +118,11 @@ def test_source_rejects_bad_input(bm25, questions):
     with pytest.raises(TypeError, match="cannot retrieve with a int"):
         ChunkSource(42)
 
-    class IdsOnly:  # a pipeline whose passages cannot be looked up
+    class IdsOnly:  # a pipeline returning passage ids instead of a Result
         def run(self, q):
             return {"retrieved": ["x"], "scores": [1.0]}
 
-    with pytest.raises(ValueError, match="pass corpus="):
+    with pytest.raises(TypeError, match="IdsOnly returned a dict; a pipeline returns effrag.pipelines.Result"):
         as_source(IdsOnly()).retrieve("q")
 
 
@@ -133,7 +133,7 @@ def test_source_over_efficientrag(rag, model_dirs, bm25, questions):
     got = as_source(rag).retrieve_batch(questions)
     assert [r.ids for r in got] == [e.ids for e in expected]
     assert [[c.kept_words for c in r.chunks] for r in got] == [[c.kept_words for c in e] for e in expected]
-    assert got[0].trace == expected[0].trace and got[0].info["iterations"] == expected[0].iterations
+    assert got[0].trace == expected[0].trace and got[0].iterations == expected[0].iterations
     assert any(c.kept_words for r in got for c in r.chunks), "tiny labeler should keep some words"
     # per-call thresholds apply to that call only
     src = as_source(rag)
@@ -144,12 +144,16 @@ def test_source_over_efficientrag(rag, model_dirs, bm25, questions):
     assert rag.config.tag_threshold == 0.3 and rag.config.max_hops == 2
     assert [r.ids for r in src.retrieve_batch(questions)] == [e.ids for e in expected]
     assert src.retrieve(questions[0], top_k=1).ids == expected[0].ids[:1]
-    # the registered efficientrag pipeline gives the same chunks (with kept words) through its loop
+    # the registered efficientrag pipeline gives the same chunks (with kept words) in its results
     pipe = build_pipeline("efficientrag", bm25, labeler=str(model_dirs["labeler"]), filter=str(model_dirs["filter"]),
                           hop_k=4, max_hops=2, tag_threshold=0.3)
     via_pipe = as_source(pipe).retrieve_batch(questions)
     assert [r.ids for r in via_pipe] == [e.ids for e in expected]
     assert via_pipe[0].chunks[0].kept_words == expected[0][0].kept_words
+    assert via_pipe[0].trace["hops"] == expected[0].trace  # the pipeline files the hops beside its generation
+    # per-call options reach the pipeline's loop too, for that call only
+    assert all(r.chunks == [] for r in as_source(pipe).retrieve_batch(questions, tag_threshold=1.01))
+    assert pipe.config.tag_threshold == 0.3
 
 
 # ---------------------------------------------------------------------- LangChain

@@ -11,19 +11,21 @@ import json
 import pytest
 import torch
 
+from data_synthesis.irrr_oracle import make_rank_fn, oracle_query, overlapping_spans, path_segments
+from data_synthesis.irrr_steps import build_irrr_data
 from effrag.data import Corpus, Passage, build_corpus, load_questions, sample_path
-from effrag.irrr.data import build_irrr_data
-from effrag.irrr.encoding import CONT_TOKEN, encode_path, find_answer
-from effrag.irrr.oracle import make_rank_fn, oracle_query, overlapping_spans, path_segments
 from effrag.training.tasks.irrr import StepCollator, check_irrr_record, featurize_irrr, irrr_metrics, irrr_stats, STAT_NAMES
 from effrag.models import IRRRModel, load_model
 from effrag.models.irrr import NOANSWER, SPAN, YES, answerability, best_spans
+from effrag.models.irrr_encoding import CONT_TOKEN, encode_path, find_answer
 from effrag.models.tokenization import IGNORE
 from effrag.pipelines.irrr import IRRRConfig, IRRRPipeline, IRRRRunner
 from effrag.retrieval.bm25 import BM25Retriever
 from effrag.text import words
 
-from test_models import make_base, one_thread  # noqa: F401  (autouse: tiny models run on one thread)
+from test_models import make_base
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -278,13 +280,30 @@ def test_loop_stops_when_answerable_and_at_path_cap(electra, sample_corpus):
     assert r["iterations"] == 2 and r["steps"][-1]["stop"] == "path cap" and r["answer"] == "yes"
 
 
+def test_reader_answers_other_methods_chunks(electra, sample_corpus):
+    """IRRRReader (a Direct-R / EfficientRAG generator) reads each chunk alone and keeps the most answerable."""
+    from effrag.models.irrr import IRRRReader
+
+    model = _rigged(electra, YES).train()
+    hits = BM25Retriever(sample_corpus, show_progress=False).search(["Who directed the film?"], 3)[0]
+    encs = [model.encode("Who directed the film?", [{"title": h.title, "text": h.text}]) for h in hits]
+    scores = model.predict(encs, batch_size=2)
+    assert model.training  # predict runs in eval mode and restores the caller's mode
+    reads = [model.read(e, s) for e, s in zip(encs, scores)]
+    assert [r["rank"] for r in reads] == [s.rank for s in scores] and {r["answer"] for r in reads} == {"yes"}
+    out = IRRRReader(model)("Who directed the film?", hits)
+    best = max(range(len(reads)), key=lambda i: reads[i]["answerability"])
+    assert out["answer"] == "yes" and out["llm_calls"] == 0 and out["trace"]["chunk"] == hits[best].id
+    assert IRRRReader(model)("Who directed the film?", []) == {"answer": "", "llm_calls": 0}
+
+
 def test_pipeline_output_and_options(electra, sample_corpus, tmp_path):
     model = _rigged(electra, NOANSWER)
     model.save_pretrained(tmp_path / "m")
     bm25 = BM25Retriever(sample_corpus, show_progress=False)
     p = IRRRPipeline(bm25, irrr_model=str(tmp_path / "m"), k=2, irrr_max_path=2)
     assert p.config.k == 2 and p.config.max_path == 2
-    out = p.run("Who directed the film?")
+    out = p.run("Who directed the film?").to_row()  # as predictions.jsonl records it
     assert set(out) >= {"retrieved", "scores", "answer", "iterations", "trace", "paragraphs_read", "timing"}
     assert out["llm_calls"] == 0 and len(out["scores"]) == len(out["retrieved"])
     with pytest.raises(ValueError, match="unknown IRRR option"):

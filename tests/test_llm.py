@@ -17,7 +17,8 @@ import urllib.request
 import pytest
 
 from effrag.llm import (
-    Completion, JSONParseError, LLMError, LLMRequestError, LLMSpec, ResponseCache, default_cache_path, load_llm,
+    Completion, JSONParseError, LLMError, LLMRequestError, LLMSpec, LLMUnavailableError, ResponseCache,
+    default_cache_path, load_llm,
     parse_json_loose, parse_spec,
 )
 
@@ -246,7 +247,106 @@ def test_openai_backend_server_down_fails_fast_and_clearly(tmp_path):
     port = _free_port()  # nothing listens there: connection refused
     llm = load_llm(f"openai:http://127.0.0.1:{port}/v1#m", cache=False, max_retries=2, backoff=0.05, timeout=2)
     t0 = time.perf_counter()
-    with pytest.raises(LLMError, match=rf"127\.0\.0\.1:{port}.*after 3 attempts.*APIConnectionError"):
+    with pytest.raises(LLMUnavailableError, match=rf"openai:http://127\.0\.0\.1:{port}/v1#m: connection refused "
+                                                  rf"at http://127\.0\.0\.1:{port}/v1: is the server running\? "
+                                                  r"\(2 attempts\)"):
         llm.chat(MSG, max_tokens=4)
     assert time.perf_counter() - t0 < 5
     assert llm.usage.calls == 0
+
+
+def test_openai_backend_default_retries_give_up_on_a_closed_port_within_seconds():
+    """Defaults (max_retries=3): before the server ever answered, a refused connection is retried once."""
+    port = _free_port()
+    llm = load_llm(f"openai:http://127.0.0.1:{port}/v1#m", cache=False)
+    assert llm.client.max_retries == 0 and llm.client.timeout.connect == llm.connect_timeout == 10.0
+    t0 = time.perf_counter()
+    with pytest.raises(LLMUnavailableError) as e:
+        llm.chat(MSG, max_tokens=4)
+    assert time.perf_counter() - t0 < 3
+    assert isinstance(e.value, ValueError) and isinstance(e.value, LLMError)  # CLI: one line; synthesis: stop
+    assert "connection refused" in str(e.value) and "(2 attempts)" in str(e.value)
+
+
+def test_openai_backend_404_before_any_answer_names_the_spec():
+    """A server that answers 404 to the first request (wrong path or model name) is a bad spec, not a bad item."""
+    import http.server
+    import threading
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = b'{"error": {"message": "model not found"}}'
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        llm = load_llm(f"openai:{url}#nope", cache=False, backoff=0.01)
+        with pytest.raises(LLMUnavailableError, match=rf"openai:{url}#nope: the server answered 404.*model name"):
+            llm.chat(MSG, max_tokens=4)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# --------------------------------------------------------------------------- unusable back-ends, one line in the CLI
+
+def test_fake_gguf_file_is_refused_before_llama_cpp(monkeypatch, tmp_path):
+    fake = tmp_path / "x.gguf"
+    fake.write_text("this is not a model\n")
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # the magic is checked before llama.cpp is needed
+    with pytest.raises(LLMUnavailableError, match=r"x\.gguf: not a GGUF file \(bad magic b'this', expected b'GGUF'\)"):
+        load_llm(f"gguf:{fake}", cache=False)
+    short = tmp_path / "short.gguf"
+    short.write_bytes(b"GG")
+    with pytest.raises(ValueError, match=r"short\.gguf: not a GGUF file \(only 2 bytes\)"):
+        load_llm(f"gguf:{short}", cache=False)
+
+
+def test_gguf_magic_but_broken_file_is_one_clear_error(tmp_path):
+    pytest.importorskip("llama_cpp", reason="install effrag[llm]")
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 64)  # right magic, truncated
+    with pytest.raises(LLMUnavailableError, match=r"broken\.gguf: llama\.cpp could not load it"):
+        load_llm(f"gguf:{broken}", cache=False)
+
+
+def _eval_with_llm(spec, tmp_path, capsys):
+    from effrag.cli import main
+    from effrag.data import sample_path
+
+    argv = ["eval", "--method", "direct", "--llm", spec, "--questions", str(sample_path("hotpotqa", "dev")),
+            "--corpus-from", str(sample_path("hotpotqa", "train")), "--retriever", "bm25", "--limit", "2",
+            "--output", str(tmp_path / "out")]
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, err
+
+
+@pytest.mark.parametrize("backend", ["fake-gguf", "closed-port"])
+def test_cli_eval_with_an_unusable_llm_is_one_error_line(backend, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("EFFRAG_CACHE_DIR", str(tmp_path / "cache"))
+    if backend == "fake-gguf":
+        fake = tmp_path / "x.gguf"
+        fake.write_text("not a model")
+        spec, expect = f"gguf:{fake}", "not a GGUF file (bad magic"
+    else:
+        port = _free_port()
+        spec, expect = f"openai:http://127.0.0.1:{port}/v1#m", f"connection refused at http://127.0.0.1:{port}/v1"
+    t0 = time.perf_counter()
+    code, err = _eval_with_llm(spec, tmp_path, capsys)
+    assert code == 2
+    errors = [line for line in err.splitlines() if "effrag: error:" in line]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    line = errors[0][errors[0].index("effrag: error:"):]  # a progress bar may share the line (\r, no \n)
+    assert expect in line and spec in line
+    assert time.perf_counter() - t0 < 30

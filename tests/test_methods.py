@@ -20,10 +20,11 @@ from effrag.llm import Completion
 from effrag.pipelines import build_pipeline, get_pipeline_class
 from effrag.pipelines.decompose_r import parse_decomposition
 from effrag.pipelines.ircot import demo_paragraphs
-from effrag.pipelines.llm_common import METHODS_DIR, extract_answer, json_answer, load_prompt_set
+from effrag.pipelines.answers import parse_answer
 from effrag.pipelines.mcr import majority_answer
 from effrag.pipelines.searchain import Node, parse_coq
 from effrag.pipelines.self_ask import Chain, _apply, _events, run_chain
+from effrag.prompts import PROMPT_DIR, load_prompt
 from effrag.retrieval import BM25Retriever
 
 METHODS = ["direct", "cot", "decompose-r", "iter-retgen", "self-ask", "ircot", "searchain", "mcr"]
@@ -61,8 +62,8 @@ def hotpot_dev():
 
 def _fewshot_questions() -> list[str]:
     out = []
-    for path in METHODS_DIR.glob("*.yaml"):
-        ps = load_prompt_set(path.stem)
+    for path in (PROMPT_DIR / "methods").glob("*.yaml"):
+        ps = load_prompt(f"methods/{path.stem}")
         for key, val in ps.data.items():
             if key.endswith("examples") and isinstance(val, dict):
                 out += [e["question"] for exs in val.values() for e in exs]
@@ -71,11 +72,11 @@ def _fewshot_questions() -> list[str]:
 
 def test_fewshot_examples_differ_per_dataset_and_fall_back():
     for name in ["direct", "cot", "iter_retgen", "self_ask", "ircot"]:
-        ps = load_prompt_set(name)
+        ps = load_prompt(f"methods/{name}")
         firsts = {ds: ps.examples(ds)[0]["question"] for ds in ("hotpotqa", "2wikimqa", "musique")}
         assert len(set(firsts.values())) == 3, name
         assert ps.examples("bamboogle") == ps.examples(ps.data["fallback"])
-    p = load_prompt_set("cot")
+    p = load_prompt("methods/cot")
     text = p.render_examples("2wikimqa", 2)
     assert "Blind Shaft" in text and "Anhalt-Zerbst" in text and "El Extrano" not in text
     assert '{"thought": "Blind Shaft is a 2003' in text  # JSON written by the template, not by hand
@@ -92,7 +93,7 @@ def test_no_dev_question_in_any_prompt():
     assert not leaked, leaked
     # demonstrations drawn from records point at TRAIN records only
     for name, section in [("ircot", "examples"), ("mcr", "decompose_examples"), ("mcr", "meta_examples")]:
-        for ds, exs in load_prompt_set(name).data[section].items():
+        for ds, exs in load_prompt(f"methods/{name}").data[section].items():
             ids = [e["id"] for e in exs if "id" in e]
             train_ids = {q.id for q in load_questions(sample_path(ds, "train"))}
             dev_ids = {q.id for q in load_questions(sample_path(ds, "dev"))}
@@ -116,8 +117,8 @@ def test_ircot_demo_has_gold_and_m_distractors():
     ("The director died in 1982. Answer: Elio Petri.", "Elio Petri", True),
     ("The film came out in Washington, D.C.", "The film came out in Washington, D.C.", False),
 ])
-def test_extract_answer(text, answer, ok):
-    assert extract_answer(text) == (answer, ok)
+def test_parse_answer_sentence_form(text, answer, ok):
+    assert parse_answer(text, "sentence") == (answer, ok)
 
 
 @pytest.mark.parametrize("text,answer,ok", [
@@ -126,8 +127,8 @@ def test_extract_answer(text, answer, ok):
     ('{"thought": "Raoul Walsh married Miriam Cooper. So the answer is Miriam Cooper."}', "Miriam Cooper", False),
     ("I am not sure.", "I am not sure.", False),
 ])
-def test_json_answer(text, answer, ok):
-    assert json_answer(text) == (answer, ok)
+def test_parse_answer_json_form(text, answer, ok):
+    assert parse_answer(text) == (answer, ok)
 
 
 def test_parse_decomposition():
@@ -179,12 +180,12 @@ def test_ircot_stops_on_answer_is_and_reads_separately(bm25, hotpot_dev):
     llm = Replay(["The film was directed by someone. More text.", "So the answer is: Ed Wood.", "Ed Wood"])
     out = build_pipeline("ircot", bm25, k=2, llm=llm, dataset="hotpotqa", max_steps=8, demos=1)
     res = out.run(q)
-    assert res["llm_calls"] == 3 and res["iterations"] == 2
-    assert res["trace"]["stop_reason"] == "answer is"
-    assert res["trace"]["cot"] == ["The film was directed by someone.", "So the answer is: Ed Wood."]
-    assert res["answer"] == "Ed Wood" and res["parse_failures"] == 0
+    assert res.llm_calls == 3 and res.iterations == 2
+    assert res.trace["stop_reason"] == "answer is"
+    assert res.trace["cot"] == ["The film was directed by someone.", "So the answer is: Ed Wood."]
+    assert res.answer == "Ed Wood" and res.extra["parse_failures"] == 0
     first_k = [h.id for h in bm25.search([q], 2)[0]]
-    assert res["retrieved"][:2] == first_k
+    assert res.ids[:2] == first_k
     # the second reason-step sees the first CoT sentence after "A:"; the reader prompt uses the direct demo
     assert llm.prompts[1].rstrip().endswith("A: The film was directed by someone.")
     assert "So the answer is" not in llm.prompts[2].split("Q: " + q)[0].split("\n\n\n")[-2]
@@ -197,10 +198,10 @@ def test_ircot_caps_paragraphs_at_15(bm25, hotpot_dev):
     llm = Replay(sentences + ["no answer here"])
     res = build_pipeline("ircot", bm25, k=8, llm=llm, dataset="hotpotqa", max_steps=8, demos=0,
                          reader="cot").run(hotpot_dev[1].question)
-    assert len(res["retrieved"]) == 15 and len(set(res["retrieved"])) == 15
-    assert res["trace"]["stop_reason"] == "max steps" and res["llm_calls"] == 9
+    assert len(res.ids) == 15 and len(set(res.ids)) == 15
+    assert res.trace["stop_reason"] == "max steps" and res.llm_calls == 9
     # a CoT reader without "answer is" -> the whole generation is the answer, counted as a parse failure
-    assert res["answer"] == "no answer here" and res["parse_failures"] == 1
+    assert res.answer == "no answer here" and res.extra["parse_failures"] == 1
 
 
 def test_self_ask_answers_follow_ups_with_retrieval_qa_and_stops_on_final(bm25, hotpot_dev):
@@ -211,13 +212,13 @@ def test_self_ask_answers_follow_ups_with_retrieval_qa_and_stops_on_final(bm25, 
                   '{"answer": "American"}',
                   "So the final answer is: yes"])
     res = build_pipeline("self-ask", bm25, k=2, llm=llm, dataset="hotpotqa").run(q)
-    assert res["answer"] == "yes" and res["llm_calls"] == 5 and res["parse_failures"] == 0
-    assert res["trace"]["stop_reason"] == "final answer" and res["trace"]["forced_final"] is None
+    assert res.answer == "yes" and res.llm_calls == 5 and res.extra["parse_failures"] == 0
+    assert res.trace["stop_reason"] == "final answer" and res.trace["forced_final"] is None
     assert "What nationality was Scott Derrickson?" in llm.prompts[1] and "<doc>" in llm.prompts[1]
     assert llm.prompts[2].rstrip().endswith("Intermediate answer: American")
     expect = [h.id for f in ("What nationality was Scott Derrickson?", "What nationality was Ed Wood?")
               for h in bm25.search([f], 2)[0]]
-    assert res["retrieved"] == list(dict.fromkeys(expect))
+    assert res.ids == list(dict.fromkeys(expect))
 
 
 def test_self_ask_step_cap_forces_final_then_falls_back_to_last_intermediate(bm25, hotpot_dev):
@@ -226,12 +227,12 @@ def test_self_ask_step_cap_forces_final_then_falls_back_to_last_intermediate(bm2
              "Follow up: Who was Ed Wood?"]
     llm = Replay(chain + [" no"])
     res = build_pipeline("self-ask", bm25, k=2, llm=llm, dataset="hotpotqa", max_follow_ups=1).run(q)
-    assert res["trace"]["stop_reason"] == "follow-up cap" and res["llm_calls"] == 4
+    assert res.trace["stop_reason"] == "follow-up cap" and res.llm_calls == 4
     assert llm.prompts[3].rstrip().endswith("So the final answer is:")
-    assert res["answer"] == "no" and res["parse_failures"] == 0
+    assert res.answer == "no" and res.extra["parse_failures"] == 0
     res = build_pipeline("self-ask", bm25, k=2, llm=Replay(chain + [""]), dataset="hotpotqa",
                          max_follow_ups=1).run(q)
-    assert res["answer"] == "An American director" and res["parse_failures"] == 1
+    assert res.answer == "An American director" and res.extra["parse_failures"] == 1
 
 
 def test_run_chain_stops_when_no_progress():
@@ -245,15 +246,31 @@ def test_run_chain_stops_when_no_progress():
 
 @pytest.fixture(scope="module")
 def reader(tmp_path_factory):
-    from effrag.models.reader import ExtractiveReader, train_reader
+    import torch
+    from accelerate.state import AcceleratorState, GradientState
 
-    if (READER_CKPT / "reader_heads.safetensors").is_file():
+    from effrag.models.reader import ExtractiveReader
+    from effrag.training import load_config, train
+    from effrag.training.tasks.reader import write_reader_data
+
+    if (READER_CKPT / "heads.safetensors").is_file():
         return ExtractiveReader.from_pretrained(READER_CKPT)
-    out = tmp_path_factory.mktemp("reader")  # no trained checkpoint here: a few real training steps
-    stats = train_reader([sample_path(d, "train") for d in ("hotpotqa", "2wikimqa", "musique")], out, epochs=1,
-                         max_steps=2, batch_size=4, max_length=128, limit_questions=6, heldout=0.0)
-    assert stats["steps"] == 2 and all(x == x for x in stats["last_losses"])
-    return ExtractiveReader.from_pretrained(out)
+    root = tmp_path_factory.mktemp("reader")  # no trained checkpoint here: a few real steps of the shared loop
+    write_reader_data([sample_path(d, "train") for d in ("hotpotqa", "2wikimqa", "musique")], root / "data", limit=6)
+    threads = torch.get_num_threads()
+    try:
+        res = train(load_config("reader", {"model": {"max_length": 128},
+                                           "data": {"train_file": str(root / "data" / "reader.jsonl"), "eval_files": []},
+                                           "train": {"output_dir": str(root / "run"), "max_steps": 2, "batch_size": 4,
+                                                     "log_every": 1}}))
+    finally:  # the loop's process-wide settings: accelerate's singleton state, the config's torch_threads
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        torch.set_num_threads(threads)
+    losses = [r["train/loss"] for r in map(json.loads, (root / "run" / "log.jsonl").read_text().splitlines())
+              if "train/loss" in r]
+    assert res["global_step"] == 2 and len(losses) == 2 and all(x == x for x in losses)
+    return ExtractiveReader.from_pretrained(root / "run" / "last")
 
 
 @pytest.fixture(scope="module")
@@ -297,19 +314,19 @@ def test_searchain_rounds_completion_then_tracing_with_references(handmade, read
             "So the final answer is Toronto Coach Terminal."
     llm = Replay([round1, round2, trace])
     res = _searchain(handmade, reader, llm=llm, theta=100.0, max_rounds=3).run(q)
-    assert res["llm_calls"] == 3 and res["iterations"] == 2
-    assert [r["feedback"] for r in res["trace"]["rounds"]] == ["complete", "finish"]
+    assert res.llm_calls == 3 and res.iterations == 2
+    assert [r["feedback"] for r in res.trace["rounds"]] == ["complete", "finish"]
     assert llm.prompts[1].startswith("According to this Reference, the answer for \"Where was Kevin Drew born?\"")
-    assert res["answer"] == "Toronto Coach Terminal" and res["parse_failures"] == 0
-    kinds = [n["kind"] for n in res["trace"]["nodes"]]
+    assert res.answer == "Toronto Coach Terminal" and res.extra["parse_failures"] == 0
+    kinds = [n["kind"] for n in res.trace["nodes"]]
     assert kinds == ["pass", "complete"]  # the repeated node 2 of round 2 was already processed
-    ids = [n["doc"] for n in res["trace"]["nodes"]]
-    assert res["retrieved"] == list(dict.fromkeys(ids))
-    assert f"[Reference: {ids[0]}]" in res["trace"]["final_content"]
-    assert f"[Reference: {ids[1]}]" in res["trace"]["final_content"]
+    ids = [n["doc"] for n in res.trace["nodes"]]
+    assert res.ids == list(dict.fromkeys(ids))
+    assert f"[Reference: {ids[0]}]" in res.trace["final_content"]
+    assert f"[Reference: {ids[1]}]" in res.trace["final_content"]
 
 
-@pytest.mark.skipif(not (READER_CKPT / "reader_heads.safetensors").is_file(), reason="no trained reader checkpoint")
+@pytest.mark.skipif(not (READER_CKPT / "heads.safetensors").is_file(), reason="no trained reader checkpoint")
 def test_trained_reader_answers_and_ranks_confidence(reader):
     ans, other = reader.predict(["Where was Kevin Drew born?"] * 2,
                                 ["Kevin Drew (born September 9, 1976 in Toronto) is a Canadian musician.",
@@ -368,23 +385,23 @@ def test_method_runs_with_real_llm(name, smollm, bm25, hotpot_dev, reader):
         opts["reader"] = reader
     res = build_pipeline(name, bm25, **opts).run(hotpot_dev[2].question)
     lo, hi = CALL_BOUNDS[name]
-    assert lo <= res["llm_calls"] <= hi, res["llm_calls"]
-    assert res["prompt_tokens"] > 0 and res["completion_tokens"] > 0
-    assert isinstance(res["answer"], str) and res["parse_failures"] >= 0
-    assert len(res["retrieved"]) == len(set(res["retrieved"])) == len(res["scores"])
+    assert lo <= res.llm_calls <= hi, res.llm_calls
+    assert res.prompt_tokens > 0 and res.completion_tokens > 0
+    assert isinstance(res.answer, str) and res.extra["parse_failures"] >= 0
+    assert len(res.ids) == len(set(res.ids)) == len(res.scores)
     if name in ("direct", "cot"):
-        assert res["retrieved"] == []
+        assert res.ids == []
     elif name == "self-ask":  # retrieval happens only for follow-up questions the model asked
-        assert bool(res["retrieved"]) == bool(res["trace"]["follow_ups"])
+        assert bool(res.ids) == bool(res.trace["follow_ups"])
     elif name == "searchain":  # and only for Chain-of-Query nodes it wrote
-        assert bool(res["retrieved"]) == bool(res["trace"]["nodes"])
+        assert bool(res.ids) == bool(res.trace["nodes"])
     else:
-        assert res["retrieved"] and len(res["retrieved"]) <= 15
-    json.dumps(res)  # predictions.jsonl rows must serialise
+        assert res.ids and len(res.ids) <= 15
+    json.dumps(res.to_row())  # predictions.jsonl rows must serialise
 
 
 def test_searchain_without_query_nodes_answers_from_the_generation(handmade, reader):
     llm = Replay(["I think the answer is: Toronto Coach Terminal."])
     res = _searchain(handmade, reader, llm=llm).run("Where do greyhound buses in Toronto leave from?")
-    assert res["llm_calls"] == 1 and res["retrieved"] == []  # nothing to verify, no tracing call
-    assert res["answer"] == "Toronto Coach Terminal" and res["parse_failures"] == 2
+    assert res.llm_calls == 1 and res.ids == []  # nothing to verify, no tracing call
+    assert res.answer == "Toronto Coach Terminal" and res.extra["parse_failures"] == 2

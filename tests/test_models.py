@@ -122,13 +122,7 @@ def filter_records(n: int, seed: int = 0) -> list[dict]:
     return out
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared 2-core machine OpenMP spinning costs 10x."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="session")
@@ -350,3 +344,103 @@ def test_smollm2_gguf_converts_once_to_a_bidirectional_tagger(tmp_path, monkeypa
     assert model.bidirectional and tok.pad_token is not None
     ((p_tag, p_words),) = model.predict(["who founded Xq?"], [["Xq", "was", "founded", "by", "Bo"]])
     assert 0.0 <= p_tag <= 1.0 and len(p_words) == 5
+
+
+# -- integrity: recorded weight hashes, unreadable files, NaN/Inf weights ------------------------
+def _copy_checkpoint(tiny_efficientrag_dirs, tmp_path, name: str = "labeler") -> Path:
+    import shutil
+
+    return Path(shutil.copytree(tiny_efficientrag_dirs[name], tmp_path / name))
+
+
+def _overwrite(path: Path, offset: int, n: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset:offset + n] = b"\xff" * n
+    path.write_bytes(bytes(data))
+
+
+def _rewrite_tensor(ckpt: Path, file: str, key: str, value: float) -> None:
+    """Put ``value`` into one element of tensor ``key`` of ``file``, re-save it and record its new hash."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from effrag.integrity import file_record
+
+    with safe_open(str(ckpt / file), framework="pt") as f:
+        metadata = f.metadata()
+    tensors = load_file(str(ckpt / file))
+    tensors[key].view(-1)[3] = value
+    save_file(tensors, str(ckpt / file), metadata=metadata)
+    meta = json.loads((ckpt / "effrag_config.json").read_text())
+    meta["files"][file] = file_record(ckpt / file)  # the hash matches: only the NaN check can catch it
+    (ckpt / "effrag_config.json").write_text(json.dumps(meta))
+
+
+def test_checkpoint_records_weight_hashes_and_refuses_changed_files(tiny_efficientrag_dirs, tmp_path):
+    import hashlib
+
+    from effrag.integrity import IntegrityError
+
+    ckpt = _copy_checkpoint(tiny_efficientrag_dirs, tmp_path)
+    files = json.loads((ckpt / "effrag_config.json").read_text())["files"]
+    assert set(files) == {"model.safetensors", "heads.safetensors"}
+    for name, rec in files.items():
+        data = (ckpt / name).read_bytes()
+        assert rec == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    weights = ckpt / "model.safetensors"
+    original = weights.read_bytes()
+    _overwrite(weights, len(original) // 2, 4096)  # the probe of issue #14: 4 KB into the Labeler's weights
+    with pytest.raises(IntegrityError, match=r"model\.safetensors: content differs .*sha256.*re-download"):
+        load_model(ckpt)
+    weights.write_bytes(original[:-100])
+    with pytest.raises(IntegrityError, match=rf"model\.safetensors: size is {len(original) - 100} bytes, "
+                                             rf"but {len(original)} were saved"):
+        LabelerModel.from_pretrained(ckpt)
+    weights.write_bytes(original)
+    (ckpt / "heads.safetensors").unlink()
+    with pytest.raises(IntegrityError, match=r"heads\.safetensors: file of the checkpoint is missing"):
+        load_model(ckpt)
+
+
+def test_unreadable_safetensors_give_one_error_naming_the_file(tiny_efficientrag_dirs, tmp_path):
+    """Without the hash check (verify="off", or an old checkpoint) a damaged header is still one clear error."""
+    from effrag.integrity import CorruptFileError
+
+    ckpt = _copy_checkpoint(tiny_efficientrag_dirs, tmp_path)
+    for name in ("model.safetensors", "heads.safetensors"):
+        original = (ckpt / name).read_bytes()
+        _overwrite(ckpt / name, 0, 8)  # header length: "header too large"
+        with pytest.raises(CorruptFileError, match=rf"corrupted file .*{name} \(Error while deserializing header: "
+                                                   r"header too large\); re-download"):
+            load_model(ckpt, verify="off")
+        (ckpt / name).write_bytes(original[:-64])  # truncated
+        with pytest.raises(CorruptFileError, match=rf"corrupted file .*{name} "):
+            load_model(ckpt, verify="off")
+        (ckpt / name).write_bytes(original)
+    assert isinstance(load_model(ckpt, verify="full"), LabelerModel)
+
+
+@pytest.mark.parametrize("file,key,value", [("model.safetensors", "embeddings.word_embeddings.weight", float("nan")),
+                                            ("heads.safetensors", "chunk_head.proj.weight", float("inf"))])
+def test_nan_or_inf_weights_are_refused(tiny_efficientrag_dirs, tmp_path, file, key, value):
+    from effrag.integrity import NonFiniteWeightsError
+
+    ckpt = _copy_checkpoint(tiny_efficientrag_dirs, tmp_path)
+    _rewrite_tensor(ckpt, file, key, value)
+    with pytest.raises(NonFiniteWeightsError, match=rf"{ckpt}: tensor \S*{key} holds 1 NaN/Inf value"):
+        load_model(ckpt, verify="full")  # the recorded hash matches the rewritten file
+
+
+def test_corrupted_weights_without_hashes_are_refused_as_nan(tiny_efficientrag_dirs, tmp_path):
+    """A checkpoint saved before hashes were recorded loads; the 4 KB 0xff probe still fails on its NaN."""
+    from effrag.integrity import NonFiniteWeightsError
+
+    ckpt = _copy_checkpoint(tiny_efficientrag_dirs, tmp_path)
+    meta = json.loads((ckpt / "effrag_config.json").read_text())
+    del meta["files"]
+    (ckpt / "effrag_config.json").write_text(json.dumps(meta))
+    assert isinstance(load_model(ckpt), LabelerModel)  # old format, intact: loads
+    weights = ckpt / "model.safetensors"
+    _overwrite(weights, weights.stat().st_size // 2, 4096)
+    with pytest.raises(NonFiniteWeightsError, match=r"tensor encoder\.\S+ holds \d+ NaN/Inf value"):
+        load_model(ckpt)

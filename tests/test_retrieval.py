@@ -218,3 +218,156 @@ def test_importing_and_using_the_library_leaves_the_host_environment_alone():
     assert dim == "384"
     ours = [k for k in json.loads(changed) if not k.startswith("TORCH")]  # torch's inductor sets its own cache dir
     assert ours in ([], ["OMP_WAIT_POLICY"])  # setdefault only: OpenMP threads sleep instead of spinning
+
+
+# -- integrity: recorded sizes and hashes, corrupted files ----------------------------------------
+def _overwrite(path, offset: int, n: int) -> None:
+    """Write ``n`` bytes of 0xff into ``path`` at ``offset`` (the size stays the same)."""
+    data = bytearray(path.read_bytes())
+    data[offset:offset + n] = b"\xff" * n
+    path.write_bytes(bytes(data))
+
+
+def _first_npy(idx):
+    return sorted((idx / "bm25").glob("*.npy"))[0]
+
+
+def _search_snapshot(r):
+    return [[(h.id, round(h.score, 5)) for h in hits] for hits in r.search(list(QUERIES), 3)]
+
+
+@pytest.mark.parametrize("kind", ["bm25", "dense", "hybrid"])
+def test_saved_index_records_size_and_sha256_of_every_file(kind, tmp_path, corpus, encoder):
+    import hashlib
+
+    idx = build_retriever(kind, corpus, encoder=encoder, show_progress=False).save(tmp_path / "idx")
+    files = json.loads((idx / "index_meta.json").read_text())["files"]
+    on_disk = {p.relative_to(idx).as_posix() for p in idx.rglob("*") if p.is_file()} - {"index_meta.json"}
+    assert set(files) == on_disk  # every file but the meta file itself (a hybrid's covers its parts)
+    for name, rec in files.items():
+        data = (idx / name).read_bytes()
+        assert rec == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+@pytest.mark.parametrize("kind", ["dense", "bm25"])
+def test_corrupted_or_truncated_index_file_is_refused_naming_it(kind, tmp_path, corpus, dense, bm25):
+    from effrag.integrity import IntegrityError
+
+    idx = {"dense": dense, "bm25": bm25}[kind].save(tmp_path / "idx")
+    target = idx / "index.faiss" if kind == "dense" else _first_npy(idx)
+    original = target.read_bytes()
+    _overwrite(target, len(original) // 2, min(1024, len(original) // 4))  # the probe: 1 KB of 0xff mid-file
+    with pytest.raises(IntegrityError, match=rf"{target.name}: content differs .*sha256.*rebuild the index"):
+        load_retriever(idx)
+    target.write_bytes(original[:-16])  # truncated
+    with pytest.raises(IntegrityError, match=rf"{target.name}: size is {len(original) - 16} bytes, but "
+                                             rf"{len(original)} were saved"):
+        load_retriever(idx)
+    target.unlink()
+    with pytest.raises(IntegrityError, match=rf"{target.name}: file of the index is missing"):
+        load_retriever(idx)
+    target.write_bytes(original)  # unchanged again: loads, and so does a direct backend load
+    assert _search_snapshot(load_retriever(idx)) == _search_snapshot({"dense": dense, "bm25": bm25}[kind])
+    loader = DenseRetriever.load(idx, corpus, dense.encoder) if kind == "dense" else BM25Retriever.load(idx, corpus)
+    assert loader.search(["capital of France"], 1)[0][0].title == "Paris"
+
+
+def test_corrupted_hybrid_part_is_refused(tmp_path, corpus, encoder):
+    from effrag.integrity import IntegrityError
+
+    idx = build_retriever("hybrid", corpus, encoder=encoder, show_progress=False).save(tmp_path / "idx")
+    _overwrite(_first_npy(idx / "part1"), 10, 4)
+    with pytest.raises(IntegrityError, match=r"part1/bm25/.*\.npy: content differs"):
+        load_retriever(idx)
+
+
+def test_unreadable_index_files_give_one_error_naming_the_file_without_checks(tmp_path, dense, bm25):
+    """verify="off" (or an index saved before hashes): FAISS / numpy failures still name the file."""
+    from effrag.integrity import CorruptFileError
+
+    d = dense.save(tmp_path / "dense")
+    _overwrite(d / "index.faiss", 0, 8)  # FAISS header
+    with pytest.raises(CorruptFileError, match=r"corrupted file .*index\.faiss \(Index type .* not recognized\); "
+                                               r"rebuild the index") as e:
+        load_retriever(d, verify="off")
+    assert "\n" not in str(e.value) and "Error in" not in str(e.value)
+    b = bm25.save(tmp_path / "bm25")
+    npy = _first_npy(b)
+    _overwrite(npy, 8, 64)  # .npy header: numpy would suggest allow_pickle=True
+    with pytest.raises(CorruptFileError, match=rf"corrupted file .*{npy.name} .*rebuild the index"):
+        load_retriever(b, verify="off")
+    (b / "bm25" / "params.index.json").write_text("{not json")
+    with pytest.raises(CorruptFileError, match="corrupted file .*bm25"):
+        BM25Retriever.load(b, bm25.corpus, verify="off")
+
+
+def test_cheap_check_samples_large_files_and_full_check_reads_everything(tmp_path, monkeypatch, corpus, dense):
+    """Over FULL_HASH_LIMIT only sampled blocks (first and last included) are hashed by default."""
+    from effrag import integrity
+    from effrag.integrity import IntegrityError
+
+    monkeypatch.setattr(integrity, "FULL_HASH_LIMIT", 1024)
+    monkeypatch.setattr(integrity, "SAMPLE_BLOCK", 64)
+    monkeypatch.setattr(integrity, "SAMPLE_BLOCKS", 3)  # blocks at 0, the middle and the end
+    idx = dense.save(tmp_path / "idx")
+    faiss_file = idx / "index.faiss"
+    rec = json.loads((idx / "index_meta.json").read_text())["files"]["index.faiss"]
+    assert rec["size"] > 1024 and rec["sample"]["block"] == 64 and rec["sample"]["blocks"] == 3
+    original = faiss_file.read_bytes()
+    _overwrite(faiss_file, len(original) - 10, 4)  # in the last block: the cheap check sees it
+    with pytest.raises(IntegrityError, match="index.faiss: content differs .*sampled sha256"):
+        load_retriever(idx)
+    faiss_file.write_bytes(original)
+    _overwrite(faiss_file, 200, 4)  # between sampled blocks: only a full check sees it
+    assert load_retriever(idx, verify="cheap") is not None
+    with pytest.raises(IntegrityError, match="index.faiss: content differs .*sha256 mismatch"):
+        load_retriever(idx, verify="full")
+    monkeypatch.setenv("EFFRAG_VERIFY", "full")
+    with pytest.raises(IntegrityError, match="index.faiss"):
+        load_retriever(idx)
+    assert load_retriever(idx, verify="off") is not None  # the argument wins over the environment
+    monkeypatch.setenv("EFFRAG_VERIFY", "paranoid")
+    with pytest.raises(ValueError, match="EFFRAG_VERIFY='paranoid': expected one of off, cheap, full"):
+        load_retriever(idx)
+
+
+@pytest.mark.parametrize("kind", ["bm25", "hybrid"])
+def test_index_saved_before_hashes_were_recorded_still_loads(kind, tmp_path, corpus, encoder):
+    r = build_retriever(kind, corpus, encoder=encoder, show_progress=False)
+    idx = r.save(tmp_path / "idx")
+    for meta_file in idx.rglob("index_meta.json"):  # an old-format index: no "files" anywhere
+        meta = json.loads(meta_file.read_text())
+        del meta["files"]
+        meta_file.write_text(json.dumps(meta))
+    for name in ("corpus.jsonl",):
+        (idx / name).write_text((idx / name).read_text() + "\n")  # unchecked: a trailing newline is harmless
+    assert _search_snapshot(load_retriever(idx, verify="full")) == _search_snapshot(r)
+
+
+def test_cli_eval_on_a_corrupted_index_fails_with_one_line(tmp_path, capsys, dense):
+    """The probe of issue #14: 1 KB of 0xff in index.faiss made `effrag eval` exit 0 with lower recall."""
+    from effrag.cli import main
+    from effrag.data import sample_path
+
+    idx = dense.save(tmp_path / "idx")
+    _overwrite(idx / "index.faiss", (idx / "index.faiss").stat().st_size // 2, 1024)
+    code = main(["eval", "--questions", str(sample_path("hotpotqa", "dev")), "--index", str(idx),
+                 "--retriever", "dense", "--limit", "2", "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith("effrag: error: ") and "index.faiss" in lines[0] and "rebuild the index" in lines[0]
+    assert not (tmp_path / "out" / "metrics.json").exists()
+
+
+def test_index_verify_command(tmp_path, bm25, capsys):
+    from effrag.cli import main
+
+    idx = bm25.save(tmp_path / "idx")
+    assert main(["index", "verify", str(idx)]) == 0
+    assert "every file matches its recorded size and sha256 (full check)" in capsys.readouterr().out
+    target = _first_npy(idx)
+    _overwrite(target, 8, 4)
+    assert main(["index", "verify", str(idx)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("effrag: error:") and target.name in err[0]

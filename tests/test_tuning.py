@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from effrag.pipelines.efficientrag import Chunk, LoopResult
+from effrag.pipelines.result import Chunk, Result
 from effrag.retrieval.base import Hit
 from effrag.tuning import (CachedModel, CachedRetriever, best_per_budget, best_within, candidates, direct_r_curve,
                            parse_grid, score_results)
@@ -50,7 +50,7 @@ def test_cached_model_and_retriever_call_once_per_input():
 def result(ids, seen_extra=()):
     chunks = [Chunk(id=i, title=i, text="", score=0.5, hop=0) for i in ids]
     trace = [{"chunks": [{"id": i} for i in [*ids, *seen_extra]]}]
-    return LoopResult(question="q", chunks=chunks, trace=trace, iterations=1, timing={})
+    return Result(question="q", chunks=chunks, trace=trace, iterations=1, timing={})
 
 
 def test_score_results_recall_seen_and_curve():
@@ -92,3 +92,54 @@ def test_direct_r_curve():
     curve = direct_r_curve(R(), ["q1", "q2"], [["a", "b"], ["z"]], 3)
     assert [c["recall"] for c in curve] == [0.25, 0.25, 0.5]
     assert [c["avg_chunks"] for c in curve] == [1.0, 2.0, 3.0]
+
+
+def test_run_grid_writes_the_tuning_folder_and_resumes(tiny_efficientrag_dirs, tmp_path):
+    """A real (tiny) Labeler/Filter loop over BM25: every config scored once, best within the budget,
+    a rerun pays nothing for finished configs, a widened grid runs only the new ones, a torn line is cut."""
+    import json
+
+    import torch
+
+    from effrag.data import sample_path
+    from effrag.experiment import RunSetup
+    from effrag.pipelines import build_pipeline
+    from effrag.tuning import run_grid
+
+    torch.set_num_threads(1)
+    dev = sample_path("hotpotqa", "dev")
+    setup = RunSetup.build(dev, limit=6, corpus_from=[dev], retriever="bm25", cache=False)
+
+    def loop():
+        return build_pipeline("efficientrag", setup.retriever, labeler=str(tiny_efficientrag_dirs["labeler"]),
+                              filter=str(tiny_efficientrag_dirs["filter"]), hop_k=3, max_hops=2).loop
+
+    meta = {"questions": str(dev), "n": len(setup.questions)}
+    grid = parse_grid(["tag_threshold=0.2,0.8", "query_mode=merged,per_chunk"])
+    out = tmp_path / "tune"
+    first = run_grid(loop(), setup.texts, setup.gold, grid, out, meta, grid_spec=["a"], chunk_budget=4,
+                     curve_max=5, direct_k_max=8, show_progress=False)
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and {tuple(sorted(r["changes"].items())) for r in rows} == \
+        {tuple(sorted(c.items())) for c in grid}
+    best = json.loads((out / "best.json").read_text())
+    assert best["metrics"]["avg_chunks"] <= 4 and best["setup"] == meta
+    assert best["metrics"]["recall"] == max(c["recall"] for c in candidates(rows, 4))
+    curve = json.loads((out / "curve.json").read_text())
+    assert [d["k"] for d in curve["direct_r"]] == list(range(1, 9)) and len(curve["efficientrag"]) <= 5
+    table = (out / "table.md").read_text()
+    assert table.splitlines()[2].startswith("| query_mode | tag_threshold | recall |") and "| * |" in table
+
+    rerun_loop = loop()
+    again = run_grid(rerun_loop, setup.texts, setup.gold, grid, out, meta, grid_spec=["a"], chunk_budget=4,
+                     curve_max=5, direct_k_max=8, show_progress=False)
+    assert again["best"] == first["best"] and len(rerun_loop.labeler.cache) == 0  # no model call on a rerun
+
+    with (out / "results.jsonl").open("a") as f:
+        f.write('{"config": {"torn')  # a run killed mid-write
+    wider = parse_grid(["tag_threshold=0.2,0.5,0.8", "query_mode=merged,per_chunk"])
+    run_grid(loop(), setup.texts, setup.gold, wider, out, meta, grid_spec=["b"], chunk_budget=4, curve_max=5,
+             direct_k_max=8, show_progress=False)
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 6 and all(json.loads(line)["setup"] == meta for line in lines)
+    assert json.loads((out / "tune_config.json").read_text())["grids"] == [["a"], ["b"]]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from .loaders import DataFormatError, load_questions
+from .loaders import DataFormatError, load_questions, utf8_error
 from .records import Passage, Question, passage_id
 
 
@@ -65,8 +65,14 @@ class Corpus:
             raise FileNotFoundError(f"corpus file not found: {path}")
         passages: list[Passage] = []
         first_line: dict[str, int] = {}
-        with path.open(encoding="utf-8") as f:
-            for n, line in enumerate(f, start=1):
+        offset = 0
+        with path.open("rb") as f:  # bytes, decoded per line: a bad byte is reported with its line
+            for n, raw in enumerate(f, start=1):
+                line_offset, offset = offset, offset + len(raw)
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise utf8_error(path, raw, e, line_no=n, line_offset=line_offset) from None
                 if not line.strip():
                     continue
                 try:

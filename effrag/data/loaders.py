@@ -135,11 +135,13 @@ def _wiki_style(rec: dict, dataset: str, notes: Counter) -> Question:
                 raise _RecordError(f"evidences[{i}]", "expected [subject, relation, object]")
             evidences.append((str(ev[0]), str(ev[1]), str(ev[2])))
     rtype = rec.get("type")
+    answer_id = rec.get("answer_id")  # 2Wiki: Wikidata id of the answer, the key of the v1.1 alias file
     return Question(
         id=qid, dataset=dataset, question=_get(rec, "question", str).strip(),
         answers=_answers(_get(rec, "answer", (str, int, float)), []),
         gold=gold, contexts=contexts, supporting_sentences=[sorted(s) for s in sup],
         evidences=evidences, type=rtype if isinstance(rtype, str) else None,
+        answer_id=answer_id if dataset == "2wikimqa" and isinstance(answer_id, str) and answer_id else None,
     )
 
 
@@ -252,14 +254,42 @@ def _canonical(dataset: str) -> str:
 
 # ---------------------------------------------------------------- reading
 
+def utf8_error(path: Path, data: bytes, err: UnicodeDecodeError, *, line_no: int | None = None,
+               line_offset: int = 0) -> DataFormatError:
+    """:class:`DataFormatError` ``"FILE:LINE: not UTF-8 (byte 0xff at column C, byte offset O)"``.
+
+    ``data`` is the whole file (``line_no`` None: the line is counted here) or one line of it
+    (``line_no`` given, ``line_offset`` its first byte's offset in the file). Columns count
+    bytes from 1, like the byte offset counts them from 0, so both point at the bad byte in a
+    hex editor or ``cut -b``.
+    """
+    start = err.start
+    if line_no is None:
+        line_no = data.count(b"\n", 0, start) + 1
+        line_start = data.rfind(b"\n", 0, start) + 1
+    else:
+        line_start = 0
+    bad = data[start:start + 1]
+    byte = f"byte 0x{bad[0]:02x}" if bad else "truncated character"
+    return DataFormatError(
+        f"{path}:{line_no}: not UTF-8 ({byte} at column {start - line_start + 1}, "
+        f"byte offset {line_offset + start}); re-save the file as UTF-8")
+
+
 def _records(path: Path) -> Iterator[tuple[str, Any]]:
     """Yield ``(location, record)``: ``"path:LINE"`` for JSONL, ``"path[INDEX]"`` for a JSON array.
 
     A line that is not valid JSON yields a :class:`DataFormatError` instead of a record,
     so that the caller can skip it like any other malformed record.
     """
-    text = path.read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
+    raw = path.read_bytes()
+    try:
+        text: str | None = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if raw.lstrip().startswith(b"["):  # one document: the first bad byte stops it
+            raise utf8_error(path, raw, e) from None
+        text = None  # JSONL: only the lines holding bad bytes are bad records
+    if text is not None and text.lstrip().startswith("["):
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
@@ -267,7 +297,17 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
         for i, rec in enumerate(data):
             yield f"{path}[{i}]", rec
         return
-    for n, line in enumerate(text.splitlines(), start=1):
+    # Lines end at "\n" only (not str.splitlines' U+2028 & co., which JSON strings may hold raw).
+    lines: list[str] | list[bytes] = text.split("\n") if text is not None else raw.split(b"\n")
+    offset = 0  # of the line in the file, in bytes (only needed when the file is not UTF-8)
+    for n, line in enumerate(lines, start=1):
+        if isinstance(line, bytes):
+            line_offset, offset = offset, offset + len(line) + 1
+            try:
+                line = line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield f"{path}:{n}", utf8_error(path, line, e, line_no=n, line_offset=line_offset)
+                continue
         if not line.strip():
             continue
         try:

@@ -63,7 +63,8 @@ class Question:
     ``gold`` lists the supporting passages in hop order; ``supporting_sentences``
     (same length as ``gold`` when present) lists the supporting sentence indices
     of each gold passage (HotpotQA/2Wiki). ``evidences`` holds 2Wiki's
-    (subject, relation, object) triples.
+    (subject, relation, object) triples and ``answer_id`` its answer's Wikidata id
+    (``Q...``), the key of the v1.1 alias file (:mod:`effrag.data.aliases`).
     """
 
     id: str
@@ -76,6 +77,7 @@ class Question:
     supporting_sentences: list[list[int]] | None = None
     evidences: list[tuple[str, str, str]] = field(default_factory=list)
     type: str | None = None
+    answer_id: str | None = None
 
     @property
     def answer(self) -> str:

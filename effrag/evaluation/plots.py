@@ -18,6 +18,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from .report import md_table
+
 __all__ = ["load_rows", "plot_recall_vs_chunks", "recall_table", "write_report_plot"]
 
 _MARKERS = "osD^v<>pP*hX"
@@ -145,14 +147,14 @@ def plot_recall_vs_chunks(rows: Sequence[dict[str, Any]], path: str | Path, titl
 
 def recall_table(rows: Sequence[dict[str, Any]]) -> str:
     """The plotted points as a markdown table (dataset, method, settings, avg chunks, recall)."""
-    lines = ["| dataset | method | setting | avg chunks | recall % |", "|---|---|---|---:|---:|"]
+    body = []
     for dataset, per_ds in sorted(_series(_usable(rows)).items()):
         for name, pts in sorted(per_ds.items()):
             varying = _varying(pts) or (["k"] if pts[0].get("k") is not None else [])
             for p in pts:
-                lines.append(f"| {dataset} | {name} | {_point_label(p, varying) or '-'} | "
-                             f"{p['avg_chunks']:.2f} | {100 * p['recall']:.2f} |")
-    return "\n".join(lines) + "\n"
+                body.append([dataset, name, _point_label(p, varying) or "-", f"{p['avg_chunks']:.2f}",
+                             f"{100 * p['recall']:.2f}"])
+    return md_table(["dataset", "method", "setting", "avg chunks", "recall %"], body, "lllrr")
 
 
 def write_report_plot(sources: Iterable[str | Path | dict[str, Any]], out_dir: str | Path,

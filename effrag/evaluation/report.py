@@ -1,4 +1,8 @@
-"""Markdown tables of metric entries (``metrics.md``, benchmark reports)."""
+"""Markdown tables: metric entries (``metrics.md``) and any report's rows (:func:`md_table`).
+
+The one markdown table writer of the project: benchmark, tuning and model-card scripts build
+their rows and call :func:`md_table` rather than formatting pipes themselves.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,6 +20,19 @@ _COLUMNS = [
 _ZERO_HIDDEN = {"llm_calls", "prompt_tokens", "completion_tokens"}
 
 
+def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: str | Sequence[str] = "") -> str:
+    """A GitHub markdown table. ``align`` per column: ``"l"`` (``---``), ``"r"`` (``---:``) or ``"c"`` (``:---:``);
+    a string like ``"lrr"`` or a list; missing columns align left. Cells are ``str()``-ed, ``None`` is ``-``."""
+    marks = {"l": "---", "r": "---:", "c": ":---:"}
+    align = list(align) + ["l"] * (len(header) - len(align))
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "|".join(marks[a] for a in align[: len(header)]) + "|"]
+    for row in rows:
+        if len(row) != len(header):
+            raise ValueError(f"row has {len(row)} cells for {len(header)} columns: {row!r}")
+        lines.append("| " + " | ".join("-" if c is None else str(c) for c in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _cell(value: Any, fmt: str) -> str:
     if value is None:
         return "-"
@@ -28,11 +45,8 @@ def markdown_table(entries: Sequence[dict[str, Any]]) -> str:
     """A GitHub markdown table of ``entries`` (columns that no entry has, or all-zero LLM cost, are left out)."""
     cols = [c for c in _COLUMNS if any(c[0] in e for e in entries)
             and not (c[0] in _ZERO_HIDDEN and all(not e.get(c[0]) for e in entries))]
-    lines = ["| " + " | ".join(h for _, h, _ in cols) + " |",
-             "|" + "|".join("---" if f == "{}" else "---:" for _, _, f in cols) + "|"]
-    for e in entries:
-        lines.append("| " + " | ".join(_cell(e.get(k), f) for k, _, f in cols) + " |")
-    return "\n".join(lines) + "\n"
+    return md_table([h for _, h, _ in cols], [[_cell(e.get(k), f) for k, _, f in cols] for e in entries],
+                    ["l" if f == "{}" else "r" for _, _, f in cols])
 
 
 def write_metrics_md(entries: Sequence[dict[str, Any]], path: str | Path, title: str | None = None) -> Path:

@@ -2,7 +2,9 @@
 
 Output folder:
 - ``predictions.jsonl``: one row per question, appended and flushed as it finishes,
-  so a killed run (hours of LLM calls) resumes where it stopped;
+  so a killed run (hours of LLM calls) resumes where it stopped; a row is the question's
+  ``qid``, ``dataset``, ``question``, ``gold``, ``answers`` and ``latency_s``, then the method's
+  :meth:`Result.to_row() <effrag.pipelines.result.Result.to_row>` fields;
 - ``metrics.json`` / ``metrics.md``: aggregates, one entry per k for methods whose
   rankings nest (``pipeline.slice_k``), else one entry;
 - ``config.json``: the run config, package versions and seed.
@@ -16,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
+
+from effrag.pipelines.result import Result
 
 from .metrics import answer_rule, cover_em, exact_match, f1, recall
 from .report import write_metrics_md
@@ -33,25 +37,6 @@ def set_seed(seed: int) -> None:
     np.random.seed(seed)
     if "torch" in sys.modules:  # seed torch only for methods that use it (importing it costs seconds)
         sys.modules["torch"].manual_seed(seed)
-
-
-def _read_predictions(path: Path) -> dict[str, dict]:
-    """Rows already written, by qid; a torn last line (killed mid-write) is cut off."""
-    if not path.is_file():
-        return {}
-    raw = path.read_bytes()
-    if raw and not raw.endswith(b"\n"):
-        raw = raw[: raw.rfind(b"\n") + 1]
-        path.write_bytes(raw)
-    rows = {}
-    for n, line in enumerate(raw.decode("utf-8").splitlines(), start=1):
-        if line.strip():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: invalid JSON ({e.msg}); delete the file or use another output") from None
-            rows[row["qid"]] = row
-    return rows
 
 
 def _check_resume(out: Path, config: dict) -> None:
@@ -100,7 +85,8 @@ def evaluate(pipeline, questions: Sequence, gold_ids: Sequence[list[str]], outpu
     """
     from tqdm.auto import tqdm
 
-    from effrag.retrieval.meta import package_versions
+    from effrag.jsonl import ResultLog
+    from effrag.provenance import package_versions
 
     if len(gold_ids) != len(questions):
         raise ValueError(f"{len(questions)} questions but {len(gold_ids)} gold id lists")
@@ -117,27 +103,29 @@ def evaluate(pipeline, questions: Sequence, gold_ids: Sequence[list[str]], outpu
          "started": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=2, default=str))
 
     pred_path = out / "predictions.jsonl"
-    done = _read_predictions(pred_path)
+    # one row per finished question (flushed and fsynced per batch): a killed run resumes where it stopped
+    done = ResultLog(pred_path, key=lambda row: row["qid"], hint="delete the file or use another output")
     todo = [(q, g) for q, g in zip(questions, gold_ids) if q.id not in done]
-    if done:
+    if len(done):
         log.info("resuming: %d of %d questions already in %s", len(questions) - len(todo), len(questions), pred_path)
-    with pred_path.open("a", encoding="utf-8") as f, \
-            tqdm(total=len(questions), initial=len(questions) - len(todo), desc=f"eval {pipeline.name}",
-                 unit="q", disable=not show_progress) as bar:
+    with done, tqdm(total=len(questions), initial=len(questions) - len(todo), desc=f"eval {pipeline.name}",
+                    unit="q", disable=not show_progress) as bar:
         for start in range(0, len(todo), batch_size):
             batch = todo[start:start + batch_size]
             t0 = time.perf_counter()
             results = pipeline.run_batch([q.question for q, _ in batch])
             per_q = (time.perf_counter() - t0) / len(batch)
+            rows = []
             for (q, gold), res in zip(batch, results):
-                row = {"qid": q.id, "dataset": q.dataset, "question": q.question, "gold": list(gold),
-                       "answers": list(q.answers), "latency_s": per_q, **res}
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-                done[q.id] = row
-            f.flush()
+                if not isinstance(res, Result):
+                    raise TypeError(f"method {pipeline.name!r} returned a {type(res).__name__}; a pipeline returns "
+                                    "effrag.pipelines.Result objects")
+                rows.append({"qid": q.id, "dataset": q.dataset, "question": q.question, "gold": list(gold),
+                             "answers": list(q.answers), "latency_s": per_q, **res.to_row()})
+            done.extend(rows)
             bar.update(len(batch))
 
-    rows = [done[q.id] for q in questions]
+    rows = [done.get(q.id) for q in questions]
     dataset = config.get("dataset") or questions[0].dataset
     sliced = bool(ks) and getattr(pipeline, "slice_k", False)
     # Iterative methods use k per hop: their whole retrieved list counts, whatever its length.

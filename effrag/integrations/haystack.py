@@ -32,12 +32,14 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ImportError(f"the Haystack adapter needs haystack-ai: pip install 'effrag[haystack]' ({e})") from e
 
-from . import Retrieval, _check_mode, as_source, chunk_content, chunk_metadata
+from effrag.pipelines.result import Result
+
+from . import _check_mode, as_source, chunk_content, chunk_metadata
 
 __all__ = ["EffragHaystackRetriever", "to_haystack_documents"]
 
 
-def to_haystack_documents(result: Retrieval, content: str = "text") -> list[Document]:
+def to_haystack_documents(result: Result, content: str = "text") -> list[Document]:
     return [Document(id=c.id, content=chunk_content(c, content), meta=chunk_metadata(c, rank), score=c.score)
             for rank, c in enumerate(result.chunks)]
 
@@ -47,10 +49,10 @@ class EffragHaystackRetriever:
     """A Haystack component over any effrag source (see :class:`effrag.integrations.ChunkSource`)."""
 
     def __init__(self, source: Any, top_k: int | None = None, content: str = "text",
-                 options: dict[str, Any] | None = None, k: int = 10, corpus: Any = None):
+                 options: dict[str, Any] | None = None, k: int = 10):
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
-        self.source = as_source(source, k=k, corpus=corpus)
+        self.source = as_source(source, k=k)
         self.top_k, self.content, self.options = top_k, _check_mode(content), dict(options or {})
         self._paths: dict[str, Any] | None = None  # set by from_paths: what to_dict saves
 

@@ -26,12 +26,14 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ImportError(f"the LangChain adapter needs langchain-core: pip install 'effrag[langchain]' ({e})") from e
 
-from . import CONTENT_MODES, ChunkSource, Retrieval, as_source, chunk_content, chunk_metadata
+from effrag.pipelines.result import Result
+
+from . import CONTENT_MODES, ChunkSource, as_source, chunk_content, chunk_metadata
 
 __all__ = ["EffragLangChainRetriever", "to_documents"]
 
 
-def to_documents(result: Retrieval, content: str = "text") -> list[Document]:
+def to_documents(result: Result, content: str = "text") -> list[Document]:
     return [Document(page_content=chunk_content(c, content), metadata=chunk_metadata(c, rank), id=c.id)
             for rank, c in enumerate(result.chunks)]
 
@@ -64,10 +66,9 @@ class EffragLangChainRetriever(BaseRetriever):
         return v
 
     @classmethod
-    def from_effrag(cls, obj: Any, *, k: int | None = None, corpus: Any = None,
-                    **kwargs: Any) -> "EffragLangChainRetriever":
+    def from_effrag(cls, obj: Any, *, k: int | None = None, **kwargs: Any) -> "EffragLangChainRetriever":
         """Wrap an EfficientRAG, a pipeline, a retriever with ``search`` or a ``fn(queries, k)``; ``k`` as above."""
-        return cls(source=as_source(obj, k=k or 10, corpus=corpus), k=k, **kwargs)
+        return cls(source=as_source(obj, k=k or 10), k=k, **kwargs)
 
     def _retrieve(self, query: str, k: int | None) -> list[Document]:
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):

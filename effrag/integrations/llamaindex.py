@@ -21,14 +21,16 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ImportError(f"the LlamaIndex adapter needs llama-index-core: pip install 'effrag[llamaindex]' ({e})") from e
 
-from . import Retrieval, _check_mode, as_source, chunk_content, chunk_metadata
+from effrag.pipelines.result import Result
+
+from . import _check_mode, as_source, chunk_content, chunk_metadata
 
 __all__ = ["EffragLlamaIndexRetriever", "to_nodes"]
 
 _HIDDEN = ["id", "score", "hop", "kept_words", "rank", "query"]  # bookkeeping, not prompt text
 
 
-def to_nodes(result: Retrieval, content: str = "text") -> list[NodeWithScore]:
+def to_nodes(result: Result, content: str = "text") -> list[NodeWithScore]:
     return [NodeWithScore(node=TextNode(id_=c.id, text=chunk_content(c, content), metadata=chunk_metadata(c, rank),
                                         excluded_llm_metadata_keys=list(_HIDDEN),
                                         excluded_embed_metadata_keys=list(_HIDDEN)),
@@ -40,11 +42,11 @@ class EffragLlamaIndexRetriever(BaseRetriever):
     """A LlamaIndex ``BaseRetriever`` over any effrag source (see :class:`effrag.integrations.ChunkSource`)."""
 
     def __init__(self, source: Any, *, top_k: int | None = None, content: str = "text",
-                 options: dict[str, Any] | None = None, k: int = 10, corpus: Any = None,
+                 options: dict[str, Any] | None = None, k: int = 10,
                  callback_manager: CallbackManager | None = None, verbose: bool = False):
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
-        self.source = as_source(source, k=k, corpus=corpus)
+        self.source = as_source(source, k=k)
         self.top_k, self.content, self.options = top_k, _check_mode(content), dict(options or {})
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 

@@ -5,13 +5,13 @@
 by an OpenAI-compatible server or an in-process GGUF model, with a persistent
 sqlite response cache. ``parse_json_loose`` reads JSON out of messy generations.
 """
-from .base import LLM, Completion, LLMError, LLMRequestError, Usage
+from .base import LLM, Completion, LLMError, LLMRequestError, LLMUnavailableError, Usage
 from .cache import ResponseCache, default_cache_path
 from .jsonparse import JSONParseError, parse_json_loose
 from .spec import LLMSpec, load_llm, parse_spec
 
 __all__ = [
-    "LLM", "Completion", "LLMError", "LLMRequestError", "Usage",
+    "LLM", "Completion", "LLMError", "LLMRequestError", "LLMUnavailableError", "Usage",
     "ResponseCache", "default_cache_path",
     "JSONParseError", "parse_json_loose",
     "LLMSpec", "load_llm", "parse_spec",

@@ -24,6 +24,11 @@ class LLMError(RuntimeError):
     """The backend could not answer (unreachable, retries ran out, model not loadable)."""
 
 
+class LLMUnavailableError(LLMError, ValueError):
+    """The backend a spec names cannot be used at all: a file that is not a GGUF model, a server
+    that refuses connections. Also a ValueError, so the CLI reports it on one line (exit 2)."""
+
+
 class LLMRequestError(LLMError):
     """The backend refused this particular request (prompt longer than the context, a 4xx):
     other requests may still work, so batch jobs can skip the item instead of stopping."""

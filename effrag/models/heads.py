@@ -9,7 +9,14 @@ checkpoint directory is self-describing and loads offline::
     config.json, model.safetensors   the fine-tuned encoder (AutoModel.from_pretrained(dir) works)
     heads.safetensors                the effrag heads (token_head.*, chunk_head.*)
     tokenizer.json, tokenizer_config.json, ...
-    effrag_config.json               model type, label names, max_length, loss options, training config
+    effrag_config.json               model type, label names, max_length, loss options, training config,
+                                     and ``files``: size and sha256 of every weight file
+
+Loading checks the weight files against ``files`` (cheaply by default, fully with
+``verify="full"`` or ``EFFRAG_VERIFY=full``, see :mod:`effrag.integrity`), turns an
+unreadable safetensors file into a one-line :class:`~effrag.integrity.CorruptFileError`
+and refuses NaN/Inf weights (:class:`~effrag.integrity.NonFiniteWeightsError`).
+Checkpoints saved before ``files`` was recorded load without the hash check.
 
 The BERT pooler is kept (so saved encoders reload without "newly initialised"
 warnings) but frozen: it is unused, and a trainable unused parameter would break
@@ -27,12 +34,16 @@ import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
+from ..integrity import CorruptFileError, NonFiniteWeightsError, record_files, short_error, verify_files
 from .backbones import bidirectional_mask, is_decoder_backbone, prepare_decoder
 from .tokenization import IGNORE
 
 FORMAT_VERSION = 1
 CONFIG_NAME = "effrag_config.json"
 HEADS_NAME = "heads.safetensors"
+REDOWNLOAD = "re-download or re-train the checkpoint"
+# Weight files whose size and sha256 go into effrag_config.json (sharded encoders: shards + their index).
+WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json")
 
 
 def _minilm_path() -> str:
@@ -195,14 +206,21 @@ class EncoderWithHeads(nn.Module):
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         _set_dropout(config, attention_dropout, hidden_dropout)
         encoder = _load_encoder(path, config)
+        check_finite(encoder, path)
         if gradient_checkpointing:
             encoder.gradient_checkpointing_enable()
         return cls(encoder, load_tokenizer(path), options)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, attention_dropout: float | None = None,
-                        hidden_dropout: float | None = None):
-        """Load a directory written by :meth:`save_pretrained` (offline)."""
+                        hidden_dropout: float | None = None, verify: str | None = None):
+        """Load a directory written by :meth:`save_pretrained` (offline).
+
+        ``verify``: how much of the weight files to check against the hashes recorded at save
+        time, ``"cheap"`` (default, or ``$EFFRAG_VERIFY``), ``"full"`` or ``"off"``. A mismatch
+        is an :class:`~effrag.integrity.IntegrityError`; NaN/Inf weights are always refused.
+        """
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
         from transformers import AutoConfig
 
@@ -210,16 +228,28 @@ class EncoderWithHeads(nn.Module):
         meta = read_effrag_config(path)
         if meta["model_type"] != cls.model_type:
             raise ValueError(f"{path}/{CONFIG_NAME}: model_type is {meta['model_type']!r}, expected {cls.model_type!r}")
+        verify_files(path, meta.get("files"), verify, what="checkpoint", fix=REDOWNLOAD)
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         _set_dropout(config, attention_dropout, hidden_dropout)
-        encoder = _load_encoder(str(path), config)
+        try:
+            encoder = _load_encoder(str(path), config)
+        except (SafetensorError, OSError, RuntimeError) as e:
+            if isinstance(e, FileNotFoundError) or "does not appear to have a file" in str(e):
+                raise
+            bad = _unreadable_safetensors(path)
+            what = f"file {bad}" if bad else f"encoder weights in {path}"
+            raise CorruptFileError(f"corrupted {what} ({short_error(e)}); {REDOWNLOAD}") from None
         model = cls(encoder, load_tokenizer(str(path)), meta.get("options"))
         model.training_config = meta.get("training")
-        heads = load_file(str(path / HEADS_NAME))
+        try:
+            heads = load_file(str(path / HEADS_NAME))
+        except SafetensorError as e:
+            raise CorruptFileError(f"corrupted file {path / HEADS_NAME} ({short_error(e)}); {REDOWNLOAD}") from None
         expected = {k for k in model.state_dict() if not k.startswith("encoder.")}
         if set(heads) != expected:
             raise ValueError(f"{path / HEADS_NAME}: head tensors {sorted(heads)} do not match {sorted(expected)}")
         model.load_state_dict(heads, strict=False)
+        check_finite(model, path)
         return model
 
     def save_pretrained(self, path: str | Path, state_dict: dict | None = None, training: dict | None = None) -> None:
@@ -247,18 +277,17 @@ class EncoderWithHeads(nn.Module):
             "max_length": self.max_length,
             "options": self.options,
             "training": self.training_config,
+            "files": record_files(path, sorted({p.name for pat in WEIGHT_PATTERNS for p in path.glob(pat)})),
         }
         (path / CONFIG_NAME).write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
 
-def predict_batches(model: "EncoderWithHeads", encoded: list, batch_size: int, bf16: bool, what: str):
-    """Run ``model`` over encoded items in length-sorted batches under inference mode.
+def forward_batches(model: "EncoderWithHeads", features: list[dict], batch_size: int, bf16: bool):
+    """Run ``model`` over feature dicts (``input_ids`` ...) in length-sorted, padded batches, in eval mode.
 
-    Yields ``(item_index, row, output, word_probs)`` for each item, where ``word_probs``
-    is the keep probability of each input word (0 for words cut by ``max_length``),
-    then logs how many items were truncated. Callers run it under ``torch.inference_mode``.
-    Shared by every word-labelling model's ``predict`` so eval mode, batching, bf16
-    autocast and truncation accounting live in one place.
+    Yields ``(indices, output)`` per batch (``indices`` into ``features``); the model's training mode
+    is restored afterwards. Callers run it under ``torch.inference_mode``. The one home of eval
+    mode, batching, device placement and bf16 autocast for every model's ``predict``.
     """
     from .tokenization import length_batches, pad_batch
 
@@ -269,18 +298,28 @@ def predict_batches(model: "EncoderWithHeads", encoded: list, batch_size: int, b
     device = model.device
     bf16 = resolve_bf16(bf16, device.type)
     try:
-        for idx in length_batches([len(e.input_ids) for e in encoded], batch_size):
-            batch = pad_batch([encoded[i].features() for i in idx], model.tokenizer.pad_token_id)
-            batch.pop("labels")
+        for idx in length_batches([len(f["input_ids"]) for f in features], batch_size):
+            batch = pad_batch([features[i] for i in idx], model.tokenizer.pad_token_id)
+            batch.pop("labels", None)
             batch = {k: v.to(device) for k, v in batch.items()}
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                out = model(**batch)
-            p_tok = out.token_logits.float().softmax(-1)[..., 1].cpu()
-            for row, i in enumerate(idx):
-                probs = [float(p_tok[row, p]) if p >= 0 else 0.0 for p in encoded[i].word_positions]
-                yield i, row, out, probs
+                yield idx, model(**batch)
     finally:
         model.train(was_training)
+
+
+def predict_batches(model: "EncoderWithHeads", encoded: list, batch_size: int, bf16: bool, what: str):
+    """:func:`forward_batches` over word-labelled inputs, with each input word's keep probability.
+
+    Yields ``(item_index, row, output, word_probs)`` for each item, where ``word_probs``
+    is the keep probability of each input word (0 for words cut by ``max_length``),
+    then logs how many items were truncated. Shared by every word-labelling model's ``predict``.
+    """
+    for idx, out in forward_batches(model, [e.features() for e in encoded], batch_size, bf16):
+        p_tok = out.token_logits.float().softmax(-1)[..., 1].cpu()
+        for row, i in enumerate(idx):
+            probs = [float(p_tok[row, p]) if p >= 0 else 0.0 for p in encoded[i].word_positions]
+            yield i, row, out, probs
     truncated = [e.truncated for e in encoded]
     if any(truncated):
         logging.getLogger(type(model).__module__).warning(
@@ -300,6 +339,29 @@ def read_effrag_config(path: str | Path) -> dict:
         if key not in meta:
             raise ValueError(f"{f}: missing field {key!r}")
     return meta
+
+
+def _unreadable_safetensors(path: Path) -> Path | None:
+    """The first ``*.safetensors`` file in ``path`` whose header does not read back, if any."""
+    from safetensors import SafetensorError, safe_open
+
+    for f in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt"):
+                pass
+        except (SafetensorError, OSError):
+            return f
+    return None
+
+
+def check_finite(module: nn.Module, where) -> None:
+    """Refuse NaN/Inf in any floating-point parameter of ``module`` (loaded from ``where``)."""
+    for name, p in module.named_parameters():
+        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+            n_bad = int((~torch.isfinite(p)).sum())
+            raise NonFiniteWeightsError(
+                f"{where}: tensor {name} holds {n_bad} NaN/Inf value(s) of {p.numel()}; the checkpoint is "
+                f"corrupted or was saved from a diverged run; {REDOWNLOAD}")
 
 
 def _load_encoder(path: str, config):

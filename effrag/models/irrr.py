@@ -1,6 +1,6 @@
 """IRRR (Qi et al., 2021): one encoder that generates queries, reads and reranks.
 
-Over the encoding of a reasoning path (``effrag.irrr.encoding``) the model has
+Over the encoding of a reasoning path (:mod:`.irrr_encoding`) the model has
 
 * a **query head**: per-token keep/drop, choosing search terms from the path;
 * a **reader**: a 4-way [CLS] classifier SPAN / YES / NO / NOANSWER and span start/end
@@ -17,16 +17,25 @@ Answerability (Appendix C, eq. 2) is the log-likelihood ratio of the best positi
 answer against NOANSWER, plus for spans half the start and end logit gains over the
 [CLS] "span": a score comparable across paths of different lengths, so one global
 threshold can stop the iteration.
+
+Inference is the model's own: :meth:`IRRRModel.encode` lays out a path,
+:meth:`IRRRModel.predict` scores a batch of paths (:class:`PathScores`), and
+:meth:`IRRRModel.search_query` / :meth:`IRRRModel.read` turn one path's scores into the next
+search query or an answer with its answerability. The retrieve-read-rerank loop over them is
+``effrag.pipelines.irrr``; :class:`IRRRReader` lends the reader to other retrieval methods.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
-from .heads import DEFAULT_OPTIONS, EncoderWithHeads, TokenHead
+from ..text import QUERY_STOPWORDS, join_words, normalize_word, words
+from .heads import DEFAULT_OPTIONS, EncoderWithHeads, TokenHead, forward_batches
+from .irrr_encoding import CONT_TOKEN, PathEncoding, encode_path
 from .tokenization import IGNORE
 
 ANSWER_TYPES = ["span", "yes", "no", "noanswer"]
@@ -46,6 +55,17 @@ class IRRROutput(ModelOutput):
     start_logits: torch.Tensor | None = None  # [B, T], padding at NEG
     end_logits: torch.Tensor | None = None
     rank_scores: torch.Tensor | None = None  # [B]
+
+
+@dataclass
+class PathScores:
+    """The model's outputs for one reasoning path, cut to its tokens (float32, on the CPU)."""
+
+    token_logits: torch.Tensor  # [T, 2] query head: drop / keep per token
+    type_logits: torch.Tensor  # [4] SPAN / YES / NO / NOANSWER
+    start_logits: torch.Tensor  # [T]
+    end_logits: torch.Tensor  # [T]
+    rank: float  # reranker score of the path's last paragraph
 
 
 def answerability(type_logits: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
@@ -99,8 +119,6 @@ class IRRRModel(EncoderWithHeads):
     @classmethod
     def from_encoder(cls, name_or_path: str, options: dict | None = None, **kwargs):
         """New heads on a pretrained encoder; adds the [CONT] token to tokenizer and embeddings."""
-        from ..irrr.encoding import CONT_TOKEN
-
         model = super().from_encoder(name_or_path, options, **kwargs)
         if CONT_TOKEN not in model.tokenizer.get_vocab():
             model.tokenizer.add_special_tokens({"additional_special_tokens": [CONT_TOKEN]})
@@ -167,3 +185,97 @@ class IRRRModel(EncoderWithHeads):
             logp = scores[m].log_softmax(0)
             losses.append(-torch.logsumexp(logp[pos], 0))
         return torch.stack(losses).mean() if losses else scores.new_zeros(())
+
+    # -- inference ------------------------------------------------------------------------------
+    def encode(self, question: str | list[str], paragraphs: list[dict], max_length: int | None = None) -> PathEncoding:
+        """The input of a reasoning path: the question (text or words) and ``{"title", "text"}`` paragraphs."""
+        return encode_path(self.tokenizer, question, paragraphs, max_length or self.max_length,
+                           int(self.options["max_question_tokens"]))
+
+    @torch.inference_mode()
+    def predict(self, encodings: list[PathEncoding], batch_size: int = 16, bf16: bool = False) -> list[PathScores]:
+        """Query-head, reader and reranker scores of each encoded path, in length-sorted batches."""
+        results: list[Any] = [None] * len(encodings)
+        feats = [{"input_ids": e.input_ids, "attention_mask": e.attention_mask, "token_type_ids": e.token_type_ids}
+                 for e in encodings]
+        for idx, out in forward_batches(self, feats, batch_size, bf16):
+            for row, i in enumerate(idx):
+                n = len(encodings[i].input_ids)
+                results[i] = PathScores(token_logits=out.token_logits[row, :n].float().cpu(),
+                                        type_logits=out.type_logits[row].float().cpu(),
+                                        start_logits=out.start_logits[row, :n].float().cpu(),
+                                        end_logits=out.end_logits[row, :n].float().cpu(),
+                                        rank=float(out.rank_scores[row]))
+        return results
+
+    @staticmethod
+    def search_query(encoding: PathEncoding, scores: PathScores, threshold: float,
+                     max_words: int) -> tuple[str, list[float]]:
+        """The next search query and each path word's keep probability (0 for words cut by truncation).
+
+        The query is the ``max_words`` most likely path words at ``>= threshold`` that are not
+        punctuation or ``QUERY_STOPWORDS``, in path order, repeats dropped.
+        """
+        probs = scores.token_logits.softmax(-1)[:, 1]
+        all_probs = [float(probs[pos]) if pos >= 0 else 0.0 for firsts in encoding.first for pos in firsts]
+        path_words = [w for seg in encoding.segments for w in seg]
+        picked = [i for i, (w, p) in enumerate(zip(path_words, all_probs))
+                  if p >= threshold and normalize_word(w) and normalize_word(w) not in QUERY_STOPWORDS]
+        picked = sorted(sorted(picked, key=lambda i: -all_probs[i])[:max_words])  # most likely, in path order
+        seen, out = set(), []
+        for w in (path_words[i] for i in picked):
+            if normalize_word(w) not in seen:
+                seen.add(normalize_word(w))
+                out.append(w)
+        return " ".join(out), all_probs
+
+    @staticmethod
+    def read(encoding: PathEncoding, scores: PathScores, max_answer_tokens: int = 30) -> dict[str, Any]:
+        """``answer``, ``answer_type``, ``answerability`` and reranker score (``rank``) of one path.
+
+        A span answer is the best span over path words ([CLS] and separators excluded), cut at the
+        end of the segment it starts in; yes / no / noanswer answer with the type's name.
+        """
+        tw = encoding.token_word()
+        allowed = torch.tensor([x is not None for x in tw])[None]
+        start, end = scores.start_logits[None], scores.end_logits[None]
+        bs, be, _ = best_spans(start, end, allowed, max_answer_tokens)
+        score, typ = answerability(scores.type_logits[None], start, end, bs, be)
+        typ = int(typ)
+        if typ == SPAN:
+            (si, wi), (sj, wj) = tw[int(bs)], tw[int(be)]
+            if sj != si:
+                wj = len(encoding.segments[si]) - 1
+            answer = join_words(encoding.segments[si][wi : wj + 1])
+        else:
+            answer = ANSWER_TYPES[typ]
+        return {"answer": answer, "answer_type": ANSWER_TYPES[typ], "answerability": float(score),
+                "rank": scores.rank}
+
+
+class IRRRReader:
+    """IRRR's reader as an LLM-free answer generator for other retrieval methods.
+
+    ``IRRRReader(model)(question, chunks)`` reads each chunk as a one-paragraph reasoning path
+    and returns the answer with the highest answerability (Appendix C). Plugged into Direct-R or
+    EfficientRAG as their ``generator``, it lets retrieval methods be compared on EM/F1 with the
+    same extractive reader IRRR uses, without any LLM call.
+    """
+
+    def __init__(self, model: IRRRModel | str, batch_size: int = 16, bf16: bool = False, max_answer_tokens: int = 30):
+        if not isinstance(model, torch.nn.Module):
+            model = IRRRModel.from_pretrained(model)
+        self.model = model.eval()
+        self.batch_size, self.bf16, self.max_answer_tokens = batch_size, bf16, max_answer_tokens
+
+    @torch.inference_mode()
+    def __call__(self, question: str, chunks: list) -> dict[str, Any]:
+        if not chunks:
+            return {"answer": "", "llm_calls": 0}
+        m = self.model
+        qw = words(question)
+        encs = [m.encode(qw, [{"title": c.title, "text": c.text}]) for c in chunks]
+        reads = [m.read(e, s, self.max_answer_tokens) for e, s in zip(encs, m.predict(encs, self.batch_size, self.bf16))]
+        i = max(range(len(reads)), key=lambda j: reads[j]["answerability"])
+        return {"answer": reads[i]["answer"], "llm_calls": 0,
+                "trace": {"reader": "irrr", "chunk": chunks[i].id, "answerability": round(reads[i]["answerability"], 4)}}

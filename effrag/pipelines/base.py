@@ -14,6 +14,8 @@ import importlib
 import pkgutil
 from typing import Any, Callable
 
+from .result import Result
+
 # Name -> module for methods whose home is known; new methods are also found by scanning.
 KNOWN_MODULES = {
     "direct-r": "effrag.pipelines.direct_r",
@@ -32,41 +34,61 @@ _IMPORT_ERRORS: dict[str, str] = {}
 class Pipeline:
     """One retrieval (and optionally answering) method.
 
-    ``run(question)`` returns a dict with the MethodOutput fields of docs/design.md:
-    ``retrieved`` (passage ids, best/first first), ``scores``, optional ``answer``,
-    ``llm_calls``, ``prompt_tokens``, ``completion_tokens``, ``iterations``, optional
-    ``trace``. The evaluation runner adds ``qid``, gold fields and ``latency_s``.
+    ``run(question)`` returns a :class:`~.result.Result`: ranked chunks with scores and hops,
+    the answer (when the method answers), LLM usage, iterations, the method's trace. The
+    evaluation runner writes ``result.to_row()`` to ``predictions.jsonl`` (adding ``qid``, gold
+    fields and ``latency_s``); the framework adapters and ``effrag serve`` read the same object.
 
     ``slice_k = True`` says the ranking for a smaller k is a prefix of the ranking for
     a larger one (single-shot retrieval), so one run at the largest k can be scored
     at every k.
+
+    What ``__init__`` takes, declared so callers need not inspect signatures
+    (:func:`llm_options` turns ``effrag eval --llm`` into keywords from these):
+    ``uses_llm``: an LLM (``llm=``, an :class:`effrag.llm.LLM` or a spec string);
+    ``uses_generator``: an answer ``generator=`` hook run over the retrieved chunks
+    (see :func:`.generation.answer_results`); ``uses_dataset``: the questions' dataset
+    (``dataset=``, e.g. to pick few-shot prompts).
     """
 
     name = "pipeline"
     slice_k = False
+    uses_llm = False
+    uses_generator = False
+    uses_dataset = False
 
-    def run(self, question: str) -> dict[str, Any]:
+    def run(self, question: str) -> Result:
         raise NotImplementedError
 
-    def run_batch(self, questions: list[str]) -> list[dict[str, Any]]:
+    def run_batch(self, questions: list[str]) -> list[Result]:
         return [self.run(q) for q in questions]
 
     @classmethod
     def add_args(cls, parser: argparse.ArgumentParser) -> None:
         """Add method-specific ``effrag eval`` options; their values reach ``__init__`` as keywords."""
 
-    @staticmethod
-    def output(retrieved: list[str], scores: list[float], answer: str | None = None, *, llm_calls: int = 0,
-               prompt_tokens: int = 0, completion_tokens: int = 0, iterations: int = 1,
-               trace: Any = None) -> dict[str, Any]:
-        out: dict[str, Any] = {"retrieved": list(retrieved), "scores": [float(s) for s in scores],
-                               "llm_calls": llm_calls, "prompt_tokens": prompt_tokens,
-                               "completion_tokens": completion_tokens, "iterations": iterations}
-        if answer is not None:
-            out["answer"] = answer
-        if trace is not None:
-            out["trace"] = trace
-        return out
+
+def llm_options(cls: type[Pipeline], llm: str | None, dataset: str | None) -> dict[str, Any]:
+    """Keywords for ``cls(...)`` from an LLM spec (``effrag eval --llm``) and the questions' dataset.
+
+    A method that uses an LLM gets the spec; a retrieve-then-read method gets the shared answer
+    :class:`~.generation.Generator` with the paper's retrieval-QA prompt for ``dataset``; a method
+    that uses the dataset gets it. Raises ValueError when an LLM is given to a method that has no use for one.
+    """
+    opts: dict[str, Any] = {}
+    if cls.uses_dataset:
+        opts["dataset"] = dataset
+    if llm is None:
+        return opts
+    if cls.uses_llm:
+        opts["llm"] = llm
+    elif cls.uses_generator:
+        from .generation import Generator
+
+        opts["generator"] = Generator(llm, dataset=dataset)
+    else:
+        raise ValueError(f"method {cls.name!r} does not use an LLM (--llm)")
+    return opts
 
 
 def register_pipeline(name: str, aliases: tuple[str, ...] = ()) -> Callable[[type], type]:

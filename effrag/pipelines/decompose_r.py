@@ -12,14 +12,17 @@ is then the only query) and a non-JSON answer each count in ``parse_failures``.
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from effrag.llm import JSONParseError, parse_json_loose
+from effrag.prompts import load_prompt
 
+from .answers import parse_answer
 from .base import register_pipeline
 from .generation import Generator
-from .llm_common import LLMMethod, add_llm_args, fill, json_answer, load_prompt_set
+from .llm_common import LLMMethod, add_llm_args
+from .result import Result
+
 
 def parse_decomposition(text: str, max_questions: int = 6) -> list[str] | None:
     """Sub-questions from the decomposition generation, or None when it has no usable list."""
@@ -46,7 +49,7 @@ class DecomposeR(LLMMethod):
     def __init__(self, retriever, k: int = 5, llm: Any = "default", dataset: str | None = None,
                  answer_max_tokens: int = 64, max_sub_questions: int = 6, max_chunks: int = 15, **kw: Any):
         super().__init__(retriever, k=k, llm=llm, dataset=dataset, **kw)
-        self.prompts = load_prompt_set("decompose")
+        self.prompts = load_prompt("methods/decompose")
         self.max_sub_questions, self.max_chunks = max_sub_questions, max_chunks
         self.generator = Generator(self.llm, dataset=self.dataset, max_tokens=answer_max_tokens)
 
@@ -60,16 +63,15 @@ class DecomposeR(LLMMethod):
     def build_prompt(self, question: str) -> str:
         p = self.prompts
         return "\n\n".join([p.text("instruction"), p.render_examples(self.dataset),
-                            fill(p.text("query"), str(p.path), question=question)])
+                            p.fill("query", question=question)])
 
-    def run(self, question: str) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        s = self.session()
+    def run(self, question: str) -> Result:
+        s = self.session(question)
         raw = s.ask(self.build_prompt(question))
         subs = parse_decomposition(raw, self.max_sub_questions)
         failures = 0 if subs else 1
         queries = subs or [question]
-        results = self.search(queries)
+        results = self.search(queries, session=s)
         seen, chunks = set(), []
         for rank in range(self.k):
             for hs in results:
@@ -78,6 +80,6 @@ class DecomposeR(LLMMethod):
                     chunks.append(hs[rank])
         gen = self.generator.generate(question, chunks, self.dataset)
         s.record(gen)
-        failures += 0 if json_answer(gen.raw)[1] else 1  # the answer itself is read as Direct-R reads it
-        return self.finish(s, chunks, gen.answer, iterations=1, parse_failures=failures, t0=t0,
-                           trace={"decomposition": raw, "sub_questions": queries, "answer_raw": gen.raw})
+        failures += 0 if parse_answer(gen.raw)[1] else 1  # stated in the JSON form the QA prompt asks for?
+        return s.result(chunks, gen.answer, iterations=1, parse_failures=failures,
+                        trace={"decomposition": raw, "sub_questions": queries, "answer_raw": gen.raw})

@@ -12,11 +12,14 @@ LLM call is ``direct-r``.
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
+from effrag.prompts import load_prompt
+
+from .answers import parse_answer
 from .base import register_pipeline
-from .llm_common import LLMMethod, add_llm_args, fill, json_answer, load_prompt_set
+from .llm_common import LLMMethod, add_llm_args
+from .result import Result
 
 
 class _NoRetrieval(LLMMethod):
@@ -27,7 +30,7 @@ class _NoRetrieval(LLMMethod):
                  n_examples: int | None = None, **kw: Any):
         super().__init__(retriever, k=k, llm=llm, dataset=dataset, **kw)
         self.n_examples = n_examples
-        self.prompts = load_prompt_set(self.prompt_set)
+        self.prompts = load_prompt(f"methods/{self.prompt_set}")
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -38,15 +41,13 @@ class _NoRetrieval(LLMMethod):
         p = self.prompts
         return "\n\n".join([p.text("instruction", self.dataset),
                             p.render_examples(self.dataset, self.n_examples),
-                            fill(p.text("query"), str(p.path), question=question)])
+                            p.fill("query", question=question)])
 
-    def run(self, question: str) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        s = self.session()
+    def run(self, question: str) -> Result:
+        s = self.session(question)
         text = s.ask(self.build_prompt(question))
-        answer, ok = json_answer(text)
-        return self.finish(s, [], answer, iterations=1, parse_failures=0 if ok else 1, t0=t0,
-                           trace={"generation": text})
+        answer, ok = parse_answer(text)
+        return s.result([], answer, iterations=1, parse_failures=0 if ok else 1, trace={"generation": text})
 
 
 @register_pipeline("direct", aliases=("direct-llm",))

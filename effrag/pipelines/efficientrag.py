@@ -15,6 +15,10 @@ Inputs are built exactly as the training data was synthesised, by the same funct
 Many questions run together hop by hop (one Labeler batch, one Filter batch and
 one retriever call per distinct ``k`` per hop); every question's result depends
 only on its own inputs, so batched and one-at-a-time runs agree.
+
+The loop gives each question a :class:`~.result.Result` whose chunks are the candidate pool
+(``score`` = p(<Continue>), ``kept_words`` = the Labeler's) and whose ``trace`` is the per-hop
+record; the registered pipeline nests that record under ``"hops"`` beside the answer generation's.
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ from typing import Any, Sequence
 from effrag.text import chunk_text, filter_input_words, join_words, words, words_batch
 
 from .base import Pipeline, register_pipeline
+from .generation import answer_results
+from .result import Chunk, Result
 
 QUERY_MODES = ("merged", "per_chunk")
 DEDUP_MODES = ("refill", "drop")
@@ -121,39 +127,6 @@ def _logit(p: float, eps: float = 1e-6) -> float:
 
 
 @dataclass
-class Chunk:
-    """A candidate chunk: ``score`` is the Labeler's p(<Continue>), ``query`` the query that found it."""
-
-    id: str
-    title: str
-    text: str
-    score: float
-    hop: int
-    kept_words: list[str] = field(default_factory=list)
-    query: str = ""
-    retrieval_score: float = 0.0
-    fallback: bool = False  # added by ``min_candidates``, not tagged <Continue>
-
-    @property
-    def kept_text(self) -> str:
-        return join_words(self.kept_words)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class LoopResult:
-    """One question's outcome: ranked candidates (``config.pool_order``), a per-hop trace, timings."""
-
-    question: str
-    chunks: list[Chunk]
-    trace: list[dict[str, Any]]
-    iterations: int
-    timing: dict[str, float]
-
-
-@dataclass
 class _State:
     question: str
     queries: list[str]
@@ -217,8 +190,12 @@ class EfficientRAGLoop:
         return -(-need // k) * k  # round up to a multiple of k: fewer distinct retriever calls
 
     # ------------------------------------------------------------------ the loop
-    def run(self, questions: Sequence[str]) -> list[LoopResult]:
-        """Run the loop for every question together; results in input order."""
+    def run(self, questions: Sequence[str]) -> list[Result]:
+        """Run the loop for every question together; results in input order.
+
+        Each result's chunks are the candidate pool ranked by ``config.pool_order``, its ``trace`` the
+        list of hops, its ``timing`` the loop time split into retrieval / labeler / filter / other / total.
+        """
         import torch
 
         for i, q in enumerate(questions):
@@ -315,7 +292,7 @@ class EfficientRAGLoop:
             s.iterations = hop + 1
             s.queries = s.entry["next_queries"]
 
-    def _finish(self, s: _State) -> LoopResult:
+    def _finish(self, s: _State) -> Result:
         cfg = self.config
         if cfg.pool_order == "fused":
             pool_key = extra_key = lambda c: (-(c.score + cfg.retrieval_weight * c.retrieval_score), c.hop)
@@ -334,7 +311,7 @@ class EfficientRAGLoop:
             pool = pool[: cfg.max_candidates]
         timing = {k: s.timing.get(k, 0.0) for k in ("retrieval", "labeler", "filter", "other")}
         timing["total"] = sum(timing.values())
-        return LoopResult(question=s.question, chunks=pool, trace=s.trace, iterations=s.iterations, timing=timing)
+        return Result(question=s.question, chunks=pool, trace=s.trace, iterations=s.iterations, timing=timing)
 
 
 # ---------------------------------------------------------------------- the registered pipeline
@@ -396,19 +373,25 @@ def load_models(labeler, filter_model, device: str | None = None):
     return labeler.eval(), filter_model.eval()
 
 
+loop_config = property(lambda self: self.loop.config, lambda self, cfg: setattr(self.loop, "config", cfg),
+                       doc="The loop's options (assigning a new config changes the loop's); shared by every "
+                           "object that wraps an :class:`EfficientRAGLoop` as ``self.loop``.")
+
+
 @register_pipeline("efficientrag", aliases=("efficient-rag",))
 class EfficientRAGPipeline(Pipeline):
     """EfficientRAG retrieval, plus one generator call per question when ``generator`` is given.
 
-    ``retrieved`` is the candidate pool (what the paper's Recall@K counts), ``scores``
-    are p(<Continue>), ``trace`` the per-hop record, ``timing`` the loop time split into
-    retrieval / labeler / filter / other (and generation). ``config`` or ``er_config``
+    The result's chunks are the candidate pool (what the paper's Recall@K counts), scored by
+    p(<Continue>); ``trace`` is ``{"hops": [...], "generation": ...}``, ``timing`` the loop time
+    split into retrieval / labeler / filter / other (and generation). ``config`` or ``er_config``
     (a JSON file) give the loop options; keyword options (the ``effrag eval`` flags) override them.
     ``k`` (``effrag eval --k``) sets ``hop_k`` only when given: a config file's ``hop_k`` is not
     silently replaced by the CLI's default.
     """
 
     k_in_config = True
+    uses_generator = True
 
     def __init__(self, retriever, labeler=None, filter=None, config=None, generator=None,
                  k: int | None = None, er_config: str | None = None, er_batch_size: int | None = None,
@@ -418,9 +401,11 @@ class EfficientRAGPipeline(Pipeline):
         if k is not None and options.get("hop_k") is None:
             options["hop_k"] = k
         options.setdefault("bf16", er_bf16)
-        self.config = build_config(config or er_config, batch_size=er_batch_size, **options)
-        self.loop = EfficientRAGLoop(*load_models(labeler, filter), retriever, self.config)
+        config = build_config(config or er_config, batch_size=er_batch_size, **options)
+        self.loop = EfficientRAGLoop(*load_models(labeler, filter), retriever, config)
         self.generator = generator
+
+    config = loop_config
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -434,33 +419,19 @@ class EfficientRAGPipeline(Pipeline):
             g.add_argument(flag, type=typ, default=None, choices=choices, help=help_)
         g.add_argument("--er-bf16", action="store_true", default=None, help="bf16 autocast for Labeler/Filter (fp32 on CPUs without native bf16)")
 
-    def run(self, question: str) -> dict[str, Any]:
+    def run(self, question: str) -> Result:
         return self.run_batch([question])[0]
 
-    def run_batch(self, questions: list[str]) -> list[dict[str, Any]]:
-        results = self.loop.run(list(questions))
-        outs = []
-        for r, g in zip(results, generate_answers(self.generator, results)):
-            g = g or {}
-            trace = {"hops": r.trace, **({"generation": g["trace"]} if g.get("trace") else {})}
-            out = self.output([c.id for c in r.chunks], [c.score for c in r.chunks], g.get("answer"),
-                              llm_calls=g.get("llm_calls", 0), prompt_tokens=g.get("prompt_tokens", 0),
-                              completion_tokens=g.get("completion_tokens", 0), iterations=r.iterations, trace=trace)
-            timing = dict(r.timing, **({"generation": g["latency_s"]} if "latency_s" in g else {}))
-            out["timing"] = {k: round(v, 6) for k, v in timing.items()}
-            outs.append(out)
-        return outs
+    def run_batch(self, questions: list[str]) -> list[Result]:
+        return with_answers(self.loop.run(list(questions)), self.generator)
 
 
-def generate_answers(generator, results: list[LoopResult]) -> list[dict[str, Any] | None]:
-    """Answers for loop results: batched through a :class:`.generation.Generator`, else one call each."""
-    if generator is None:
-        return [None] * len(results)
-    if hasattr(generator, "generate_batch"):
-        gens = generator.generate_batch([r.question for r in results], [r.chunks for r in results])
-        return [g.to_hook() for g in gens]
-    outs = []
-    for r in results:
-        g = generator(r.question, r.chunks)
-        outs.append({"answer": g, "llm_calls": 1} if isinstance(g, str) else dict(g))
-    return outs
+def with_answers(results: list[Result], generator: Any = None) -> list[Result]:
+    """Loop results as the registered pipeline returns them (in place): answered by ``generator`` when
+    given (:func:`.generation.answer_results`), the per-hop trace under ``"hops"`` beside the
+    generator's under ``"generation"``, and the generation time in ``timing``."""
+    for r, reply in zip(results, answer_results(generator, results)):
+        r.trace = {"hops": r.trace, **({"generation": reply["trace"]} if reply.get("trace") else {})}
+        if "latency_s" in reply:
+            r.timing["generation"] = reply["latency_s"]
+    return results

@@ -3,12 +3,9 @@
 One :class:`Generator` is shared by EfficientRAG and Direct-R (and any other
 retrieve-then-read method), so end-to-end QA differences come from the chunks
 alone: same prompt (Tables 14-16 of the paper, ``effrag/prompts/qa/``), same
-LLM call, same answer extraction.
-
-The prompts ask for ``<Answer>: ```json {"answer": "..."}```'' but small models
-often answer ``Answer: X``, leave the JSON unterminated or just write the
-answer; :func:`parse_answer` accepts all of these. :func:`judge_answer` is the
-paper's LLM-judged accuracy (Table 7).
+LLM call, same answer extraction (:func:`.answers.parse_answer`, JSON form).
+:func:`answer_results` applies any pipeline's ``generator`` hook to its results.
+:func:`judge_answer` is the paper's LLM-judged accuracy (Table 7).
 """
 from __future__ import annotations
 
@@ -18,28 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from effrag.llm import LLM, JSONParseError, load_llm, parse_json_loose
-from effrag.prompts import load_prompt
+from effrag.prompts import fill, load_prompt
 from effrag.text import join_words
+
+from .answers import parse_answer
+from .result import Result
 
 #: dataset name -> prompt file (``effrag/prompts/qa/<name>.txt``); other datasets use ``qa/default``.
 DATASET_PROMPTS = {"hotpotqa": "qa/hotpotqa", "musique": "qa/musique", "2wikimqa": "qa/2wikimqa"}
 DEFAULT_PROMPT = "qa/default"
 JUDGE_PROMPT = "qa/judge"
 CONTEXT_MODES = ("chunks", "kept_words")
-
-_PLACEHOLDER = re.compile(r"\{(knowledge|question|prediction|answer)\}")
-_ANSWER_FIELD = re.compile(r"""["']answer["']\s*:\s*(?:"((?:[^"\\]|\\.)*)"?|'([^']*)'?|([^,}\n]+))""", re.I)
-_ANSWER_LEAD = re.compile(r"(?:<answer>|\banswer\b)[^:\n]{0,40}?:", re.I)  # "Answer:", "The answer to it is:"
-_NOISE = re.compile(r"</?doc>|</?answer>|```(?:json)?", re.I)  # prompt tags and fences the model echoes
-
-
-def render(template: str, **values: str) -> str:
-    """Fill ``{knowledge}``/``{question}``/``{prediction}``/``{answer}`` in one pass (braces in values stay)."""
-    def sub(m: re.Match) -> str:
-        key = m.group(1)
-        return values[key] if key in values else m.group(0)
-
-    return _PLACEHOLDER.sub(sub, template)
 
 
 def prompt_name(dataset: str | None) -> str:
@@ -73,41 +59,6 @@ def format_knowledge(chunks: Sequence[Any], context: str = "chunks", with_titles
     return "\n".join(lines)
 
 
-def parse_answer(text: str) -> str:
-    """The short answer in a generation, tolerating fences, prose, truncation and ``Answer:`` lines.
-
-    Order: a parsable JSON object with ``answer``; a (possibly unterminated)
-    ``"answer": "..."`` field; the first line after ``Answer:`` / ``The answer is:``;
-    else the first line. Echoed prompt tags (``<doc>``) and code fences are skipped.
-    Returns ``""`` for an empty generation or JSON without an answer.
-    """
-    if not text or not text.strip():
-        return ""
-    obj: dict[str, Any] | None = None
-    try:
-        obj = parse_json_loose(text)
-    except JSONParseError:
-        pass
-    if obj is not None and "answer" in obj:
-        val = obj["answer"]
-        if isinstance(val, list):
-            return ", ".join(str(v) for v in val).strip()
-        return ("" if val is None else str(val)).strip()
-    m = _ANSWER_FIELD.search(text)
-    if m:
-        val = next(g for g in m.groups() if g is not None)
-        return val.replace('\\"', '"').strip().strip("\"'").strip()
-    if obj is not None:  # JSON without an answer field (e.g. only a "thought")
-        return ""
-    m = _ANSWER_LEAD.search(text)
-    rest = text[m.end():] if m else text
-    for line in _NOISE.sub("\n", rest).splitlines():
-        line = line.strip().strip("`\"'").strip()
-        if line:
-            return line
-    return ""
-
-
 @dataclass
 class Generation:
     """One answer: the parsed short answer, the raw text and the LLM cost of getting it."""
@@ -126,7 +77,7 @@ class Generation:
                 "latency_s": self.latency_s}
 
     def to_hook(self) -> dict[str, Any]:
-        """The dict a pipeline's ``generator`` hook returns (see ``direct_r.py``)."""
+        """The reply of a pipeline's ``generator`` hook (see :func:`answer_results`)."""
         return {**{k: v for k, v in self.to_json().items() if k != "raw"}, "trace": {"raw": self.raw}}
 
 
@@ -163,13 +114,16 @@ class Generator:
         return self._llm
 
     def build_prompt(self, question: str, chunks: Sequence[Any], dataset: str | None = None) -> str:
-        template = self.template or load_prompt(prompt_name(dataset or self.dataset))
+        name = prompt_name(dataset or self.dataset)
+        template = self.template or load_prompt(name)
         chunks = list(chunks)[: self.max_chunks] if self.max_chunks is not None else list(chunks)
         knowledge = format_knowledge(chunks, self.context, self.with_titles)
-        return render(template, knowledge=knowledge, question=question)
+        # the paper's prompts (and users' templates) hold literal braces: only these two fields are filled
+        return fill(template, "QA template" if self.template else name, strict=False, knowledge=knowledge,
+                    question=question)
 
     def __call__(self, question: str, chunks: Sequence[Any]) -> dict[str, Any]:
-        """The pipelines' ``generator(question, hits)`` hook (Direct-R, EfficientRAG)."""
+        """The pipelines' ``generator(question, chunks)`` hook (Direct-R, EfficientRAG)."""
         return self.generate(question, chunks).to_hook()
 
     def generate(self, question: str, chunks: Sequence[Any], dataset: str | None = None) -> Generation:
@@ -189,10 +143,34 @@ class Generator:
         result = []
         for prompt, comps in zip(prompts, outs):
             c = comps[0]
-            result.append(Generation(answer=parse_answer(c.text), raw=c.text, prompt=prompt,
+            result.append(Generation(answer=parse_answer(c.text, sentences=False)[0], raw=c.text, prompt=prompt,
                                      prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens,
                                      latency_s=c.latency if c.latency else per_q))
         return result
+
+
+def answer_results(generator: Any, results: list[Result]) -> list[dict[str, Any]]:
+    """Answer every result's question from its chunks with a retrieve-then-read pipeline's ``generator``.
+
+    ``generator`` is a :class:`Generator` (one batched ``generate_batch`` call) or any
+    ``fn(question, chunks) -> str | dict``; a dict holds ``answer`` and optionally ``llm_calls``
+    (default 1), ``prompt_tokens``, ``completion_tokens``, ``trace``, ``latency_s`` (e.g. IRRR's
+    LLM-free reader, which reports ``llm_calls: 0``). Sets each result's ``answer`` and adds the LLM
+    usage; returns the replies as dicts, whose ``trace`` and ``latency_s`` the pipeline files where
+    its own trace and timing keep them. No generator: nothing is answered and the replies are empty.
+    """
+    if generator is None:
+        return [{} for _ in results]
+    if hasattr(generator, "generate_batch"):
+        replies: list[Any] = [g.to_hook() for g in generator.generate_batch([r.question for r in results],
+                                                                          [r.chunks for r in results])]
+    else:
+        replies = [generator(r.question, r.chunks) for r in results]
+    replies = [{"answer": g} if isinstance(g, str) else dict(g) for g in replies]
+    for r, g in zip(results, replies):
+        r.answer = g.get("answer")
+        r.add_usage(g.get("llm_calls", 1), g.get("prompt_tokens", 0), g.get("completion_tokens", 0))
+    return replies
 
 
 def parse_judgement(text: str) -> bool:
@@ -210,7 +188,8 @@ def judge_answer(llm: LLM | str, question: str, prediction: str, answers: Sequen
     """LLM-judged correctness with the paper's Table 7 prompt; returns (correct, the judge's generation)."""
     model = load_llm(llm) if isinstance(llm, str) else llm
     answer = answers if isinstance(answers, str) else " / ".join(answers)
-    prompt = render(load_prompt(JUDGE_PROMPT), question=question, prediction=prediction, answer=answer)
+    prompt = fill(load_prompt(JUDGE_PROMPT), JUDGE_PROMPT, strict=False, question=question, prediction=prediction,
+                  answer=answer)
     c = model.chat([{"role": "user", "content": prompt}], temperature=0.0, max_tokens=max_tokens)[0]
     gen = Generation(answer="yes" if parse_judgement(c.text) else "no", raw=c.text, prompt=prompt,
                      prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens, latency_s=c.latency)

@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import random
 import re
-import time
 from functools import lru_cache
 from typing import Any
 
 from effrag.evaluation.metrics import normalize_answer
+from effrag.prompts import load_prompt
 
+from .answers import parse_answer
 from .base import register_pipeline
-from .llm_common import (LLMMethod, add_llm_args, clean_answer, extract_answer, fill, first_sentence,
-                         load_prompt_set)
+from .llm_common import LLMMethod, add_llm_args, first_sentence
+from .result import Result
 
 ANSWER_IS = re.compile(r"answer is", re.I)
 READERS = ("direct", "cot")
@@ -72,7 +73,7 @@ class IRCoT(LLMMethod):
         self.m, self.n_demos, self.max_steps, self.max_paragraphs = distractors, demos, max_steps, max_paragraphs
         self.reader, self.max_paragraph_words = reader, max_paragraph_words
         self.reader_max_tokens = reader_max_tokens or (32 if reader == "direct" else 160)
-        self.prompts = load_prompt_set("ircot")
+        self.prompts = load_prompt("methods/ircot")
         n_ctx = getattr(self.llm, "n_ctx", None)
         # ~3 characters per token is a safe bound for English with these tokenizers
         self.context_chars = context_chars or (3 * (n_ctx - 200) if n_ctx else None)
@@ -89,8 +90,7 @@ class IRCoT(LLMMethod):
 
     # ----------------------------------------------------------------- prompts
     def _paragraphs(self, paras: list, max_words: int | None) -> str:
-        tmpl = self.prompts.text("paragraph")
-        return "\n\n".join(fill(tmpl, "ircot paragraph", title=p.title, text=_trim(p.text, max_words)) for p in paras)
+        return "\n\n".join(self.prompts.fill("paragraph", title=p.title, text=_trim(p.text, max_words)) for p in paras)
 
     def build_prompt(self, question: str, paras: list, mode: str, partial: str = "",
                      n_demos: int | None = None, max_words: int | None = None) -> str:
@@ -99,10 +99,9 @@ class IRCoT(LLMMethod):
         demos = []
         for ex in p.examples(ds)[: self.n_demos if n_demos is None else n_demos]:
             demo_paras = demo_paragraphs(p.dataset_key(ds), ex["id"], self.m, self.seed)
-            demos.append(fill(p.text("example", mode), str(p.path), paragraphs=self._paragraphs(demo_paras, words),
-                              question=ex["question"], cot=ex["cot"], answer=ex["answer"]))
-        query = fill(p.text("query"), str(p.path), paragraphs=self._paragraphs(paras, words), question=question,
-                     partial=partial)
+            demos.append(p.fill("example", mode, paragraphs=self._paragraphs(demo_paras, words),
+                                question=ex["question"], cot=ex["cot"], answer=ex["answer"]))
+        query = p.fill("query", paragraphs=self._paragraphs(paras, words), question=question, partial=partial)
         return "\n\n\n".join([p.text("instruction", mode), *demos, query])
 
     def fit_prompt(self, question: str, paras: list, mode: str, partial: str = "") -> tuple[str, dict]:
@@ -140,11 +139,10 @@ class IRCoT(LLMMethod):
                 added += 1
         return added
 
-    def run(self, question: str) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        s = self.session()
+    def run(self, question: str) -> Result:
+        s = self.session(question)
         collected: list = []
-        self.add_paragraphs(collected, self.search([question])[0])
+        self.add_paragraphs(collected, self.search([question], session=s)[0])
         cot: list[str] = []
         steps, stop, fits = [], "max steps", []
         for _ in range(self.max_steps):
@@ -161,17 +159,13 @@ class IRCoT(LLMMethod):
                 steps.append({"sentence": sent, "added": 0})
                 stop = "answer is"
                 break
-            added = self.add_paragraphs(collected, self.search([sent])[0])
+            added = self.add_paragraphs(collected, self.search([sent], session=s)[0])
             steps.append({"sentence": sent, "added": added})
         prompt, fit = self.fit_prompt(question, collected, self.reader)
         fits.append(fit)
         raw = s.ask(prompt, max_tokens=self.reader_max_tokens, stop=["\n\n", "Wikipedia Title:", "\nQ:"])
-        if self.reader == "cot":
-            answer, ok = extract_answer(raw)
-        else:
-            answer = clean_answer(re.sub(r"^\s*A\s*:\s*", "", raw or ""))
-            ok = bool(answer)
-            answer = answer or " ".join((raw or "").split())
-        return self.finish(s, collected, answer, iterations=len(cot), parse_failures=0 if ok else 1, t0=t0,
-                           trace={"cot": cot, "steps": steps, "stop_reason": stop, "reader_output": raw,
-                                  "prompt_fit": fits})
+        # a CoT reader states "answer is: X"; a direct reader writes the answer alone after "A:"
+        answer, ok = parse_answer(raw, "sentence" if self.reader == "cot" else "line")
+        return s.result(collected, answer, iterations=len(cot), parse_failures=0 if ok else 1,
+                        trace={"cot": cot, "steps": steps, "stop_reason": stop, "reader_output": raw,
+                               "prompt_fit": fits})

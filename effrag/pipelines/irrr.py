@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from ..text import join_words
 from .base import Pipeline, register_pipeline
+from .result import Chunk, Result
 
 
 @dataclass
@@ -39,69 +39,6 @@ class IRRRConfig:
     bf16: bool = False
 
 
-def _forward(model, encodings: list, batch_size: int, bf16: bool):
-    """Model outputs for each encoding (length-sorted batches), as a list of per-item dicts of tensors."""
-    from ..models.tokenization import length_batches, pad_batch
-
-    from ..hardware import resolve_bf16
-
-    results: list[Any] = [None] * len(encodings)
-    device = model.device
-    bf16 = resolve_bf16(bf16, device.type)
-    for idx in length_batches([len(e.input_ids) for e in encodings], batch_size):
-        feats = [{"input_ids": encodings[i].input_ids, "attention_mask": encodings[i].attention_mask,
-                  "token_type_ids": encodings[i].token_type_ids} for i in idx]
-        batch = {k: v.to(device) for k, v in pad_batch(feats, model.tokenizer.pad_token_id).items()}
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            out = model(**batch)
-        for row, i in enumerate(idx):
-            n = len(encodings[i].input_ids)
-            results[i] = {"token_logits": out.token_logits[row, :n].float().cpu(),
-                          "type_logits": out.type_logits[row].float().cpu(),
-                          "start": out.start_logits[row, :n].float().cpu(),
-                          "end": out.end_logits[row, :n].float().cpu(),
-                          "rank": float(out.rank_scores[row])}
-    return results
-
-
-def query_from(encoding, token_logits: torch.Tensor, threshold: float, max_words: int) -> tuple[str, list[float]]:
-    """The query words (path order, repeats dropped) and each visible word's keep probability."""
-    from ..irrr.oracle import STOPWORDS, norm
-
-    probs = token_logits.softmax(-1)[:, 1]
-    all_probs = [float(probs[pos]) if pos >= 0 else 0.0 for firsts in encoding.first for pos in firsts]
-    path_words = [w for seg in encoding.segments for w in seg]
-    picked = [i for i, (w, p) in enumerate(zip(path_words, all_probs))
-              if p >= threshold and norm(w) and norm(w) not in STOPWORDS]
-    picked = sorted(sorted(picked, key=lambda i: -all_probs[i])[:max_words])  # most likely, in path order
-    seen, out = set(), []
-    for w in (path_words[i] for i in picked):
-        if norm(w) not in seen:
-            seen.add(norm(w))
-            out.append(w)
-    return " ".join(out), all_probs
-
-
-def read(encoding, o: dict, max_answer_tokens: int) -> dict:
-    """Answer, answer type and answerability of one path + candidate."""
-    from ..models.irrr import ANSWER_TYPES, SPAN, answerability, best_spans
-
-    tw = encoding.token_word()
-    allowed = torch.tensor([x is not None for x in tw])[None]
-    start, end = o["start"][None], o["end"][None]
-    bs, be, _ = best_spans(start, end, allowed, max_answer_tokens)
-    score, typ = answerability(o["type_logits"][None], start, end, bs, be)
-    typ = int(typ)
-    if typ == SPAN:
-        (si, wi), (sj, wj) = tw[int(bs)], tw[int(be)]
-        if sj != si:
-            wj = len(encoding.segments[si]) - 1
-        answer = join_words(encoding.segments[si][wi : wj + 1])
-    else:
-        answer = ANSWER_TYPES[typ]
-    return {"answer": answer, "answer_type": ANSWER_TYPES[typ], "answerability": float(score), "rank": o["rank"]}
-
-
 class IRRRRunner:
     """The loop over a retriever with a trained :class:`effrag.models.IRRRModel`."""
 
@@ -110,10 +47,7 @@ class IRRRRunner:
         self.config = config or IRRRConfig()
 
     def _encode(self, question_words, paragraphs):
-        from ..irrr.encoding import encode_path
-
-        return encode_path(self.model.tokenizer, question_words, paragraphs, self.model.max_length,
-                           int(self.model.options["max_question_tokens"]))
+        return self.model.encode(question_words, paragraphs)
 
     @torch.inference_mode()
     def run(self, questions: list[str]) -> list[dict]:
@@ -129,10 +63,10 @@ class IRRRRunner:
                 break
             t0 = time.perf_counter()
             encs = [self._encode(s["qw"], s["path"]) for s in active]
-            outs = _forward(self.model, encs, cfg.batch_size, cfg.bf16)
+            outs = self.model.predict(encs, cfg.batch_size, cfg.bf16)
             queries = []
             for s, e, o in zip(active, encs, outs):
-                q, _ = query_from(e, o["token_logits"], cfg.query_threshold, cfg.max_query_words)
+                q, _ = self.model.search_query(e, o, cfg.query_threshold, cfg.max_query_words)
                 queries.append(q or " ".join([s["q"]] + [p["title"] for p in s["path"]]))
             t1 = time.perf_counter()
             hits = self.retriever.search(queries, cfg.k + len(max((s["path"] for s in active), key=len)))
@@ -145,10 +79,10 @@ class IRRRRunner:
                 jobs += [(si, c) for c in cands]
             cand_encs = [self._encode(active[si]["qw"], active[si]["path"]
                                       + [{"id": c.id, "title": c.title, "text": c.text}]) for si, c in jobs]
-            cand_outs = _forward(self.model, cand_encs, cfg.batch_size, cfg.bf16) if jobs else []
+            cand_outs = self.model.predict(cand_encs, cfg.batch_size, cfg.bf16) if jobs else []
             reads: dict[int, list] = {}
             for (si, c), e, o in zip(jobs, cand_encs, cand_outs):
-                reads.setdefault(si, []).append((c, read(e, o, cfg.max_answer_tokens)))
+                reads.setdefault(si, []).append((c, self.model.read(e, o, cfg.max_answer_tokens)))
             t3 = time.perf_counter()
             n = max(1, len(active))
             for si, s in enumerate(active):
@@ -160,6 +94,7 @@ class IRRRRunner:
     def _advance(self, s: dict, query: str, reads: list) -> None:
         cfg = self.config
         s["read"] += len(reads)
+        s.setdefault("passages", {}).update((c.id, c) for c, _ in reads)  # what a returned id is
         step = {"query": query, "candidates": [c.id for c, _ in reads],
                 "answerability": [round(r["answerability"], 4) for _, r in reads],
                 "rerank": [round(r["rank"], 4) for _, r in reads]}
@@ -185,7 +120,7 @@ class IRRRRunner:
     @staticmethod
     def _result(s: dict) -> dict:
         return {**outcome(s["steps"]), "iterations": len(s["steps"]), "paragraphs_read": s["read"],
-                "steps": s["steps"], "timing": s["timing"]}
+                "steps": s["steps"], "timing": s["timing"], "passages": s.get("passages", {})}
 
 
 def outcome(steps: list[dict]) -> dict:
@@ -238,15 +173,20 @@ class IRRRPipeline(Pipeline):
         g.add_argument("--irrr-batch-size", type=int, default=None)
         g.add_argument("--irrr-bf16", action="store_true", default=None, help="bf16 autocast for the model")
 
-    def run(self, question: str) -> dict[str, Any]:
+    def run(self, question: str) -> Result:
         return self.run_batch([question])[0]
 
-    def run_batch(self, questions: list[str]) -> list[dict[str, Any]]:
-        outs = []
-        for r in self.runner.run(list(questions)):
-            out = self.output(r["retrieved"], [r["answerability"]] * len(r["retrieved"]), r["answer"],
-                              iterations=r["iterations"], trace=r["steps"])
-            out["paragraphs_read"] = r["paragraphs_read"]
-            out["timing"] = {k: round(v, 6) for k, v in r["timing"].items()}
-            outs.append(out)
-        return outs
+    def run_batch(self, questions: list[str]) -> list[Result]:
+        """Each result's chunks are the returned paragraphs, all scored by the answer's answerability;
+        a chunk's hop is the step that first read it, its query that step's query."""
+        results = []
+        for q, r in zip(questions, self.runner.run(list(questions))):
+            first_read: dict[str, tuple[int, str]] = {}
+            for i, step in enumerate(r["steps"]):
+                for cid in step["candidates"]:
+                    first_read.setdefault(cid, (i, step["query"]))
+            chunks = [Chunk.from_hit(r["passages"][cid], hop=first_read[cid][0], query=first_read[cid][1],
+                                     score=r["answerability"]) for cid in r["retrieved"]]
+            results.append(Result(q, chunks, r["answer"], trace=r["steps"], iterations=r["iterations"],
+                                  timing=r["timing"], extra={"paragraphs_read": r["paragraphs_read"]}))
+        return results

@@ -9,14 +9,16 @@ papers (option ``--iterations``).
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from effrag.llm import JSONParseError, parse_json_loose
+from effrag.prompts import load_prompt
 
+from .answers import parse_answer
 from .base import register_pipeline
 from .generation import format_knowledge
-from .llm_common import LLMMethod, add_llm_args, fill, json_answer, load_prompt_set
+from .llm_common import LLMMethod, add_llm_args
+from .result import Result
 
 
 def generation_text(raw: str) -> str:
@@ -41,7 +43,7 @@ class IterRetGen(LLMMethod):
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")
         self.iterations, self.n_examples, self.max_query_words = iterations, n_examples, max_query_words
-        self.prompts = load_prompt_set("iter_retgen")
+        self.prompts = load_prompt("methods/iter_retgen")
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -54,20 +56,18 @@ class IterRetGen(LLMMethod):
         return [{"role": "system", "content": p.text("system")},
                 {"role": "user", "content": "\n\n".join([
                     p.text("instruction"), p.render_examples(self.dataset, self.n_examples),
-                    fill(p.text("query"), str(p.path), question=question, documents=format_knowledge(chunks))])}]
+                    p.fill("query", question=question, documents=format_knowledge(chunks))])}]
 
-    def run(self, question: str) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        s = self.session()
+    def run(self, question: str) -> Result:
+        s = self.session(question)
         shown, steps, answer, failures, prev = [], [], "", 0, ""
         for t in range(self.iterations):
             query = question if not prev else f"{question} {' '.join(prev.split()[:self.max_query_words])}"
-            chunks = self.search([query])[0]
+            chunks = self.search([query], session=s)[0]
             shown.extend(chunks)
             raw = s.ask(self.build_prompt(question, chunks))
-            answer, ok = json_answer(raw)
+            answer, ok = parse_answer(raw)
             failures += 0 if ok else 1
             prev = generation_text(raw)
             steps.append({"query": query, "retrieved": [c.id for c in chunks], "generation": raw, "answer": answer})
-        return self.finish(s, shown, answer, iterations=self.iterations, parse_failures=failures, t0=t0,
-                           trace={"steps": steps})
+        return s.result(shown, answer, iterations=self.iterations, parse_failures=failures, trace={"steps": steps})

@@ -1,174 +1,28 @@
 """Shared parts of the LLM-based methods (Direct, CoT, Decompose-R, Iter-RetGen, Self-Ask, IRCoT,
-SearChain, MCR): prompt sets, per-question LLM accounting, answer extraction and the base class.
+SearChain, MCR): per-question accounting of LLM calls and retrieval rounds, and the base class.
 
-Prompts are data: ``effrag/prompts/methods/<method>.yaml`` holds each method's
-instruction, example/query templates (``str.format`` syntax; every field ``x``
-is also offered as ``x_json``, its JSON encoding) and few-shot examples per
-dataset (``hotpotqa``, ``2wikimqa``, ``musique``). Other datasets (Bamboogle,
-StrategyQA) use the file's ``fallback`` set. README.md in that folder gives
-each file's source.
+Prompts are data: ``effrag/prompts/methods/<method>.yaml``, loaded with
+``effrag.prompts.load_prompt("methods/<method>")`` (instruction, example/query templates and
+few-shot examples per dataset, ``hotpotqa``, ``2wikimqa``, ``musique``; other datasets such as
+Bamboogle and StrategyQA use the file's ``fallback`` set). README.md in that folder gives each
+file's source. Answers are read with :func:`.answers.parse_answer`.
 
-Every method returns the MethodOutput fields plus ``parse_failures``: how many
-generations did not have the expected form and were handled the way the paper
-does (e.g. the whole generation taken as the answer).
+Every method returns a :class:`~.result.Result` whose ``extra`` holds ``parse_failures``: how many
+generations did not have the expected form and were handled the way the paper does (e.g. the
+whole generation taken as the answer), and ``method_latency_s``.
 """
 from __future__ import annotations
 
-import json
 import re
-import string
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
-
 from .base import Pipeline
+from .result import Chunk, Result
 
-METHODS_DIR = Path(__file__).resolve().parent.parent / "prompts" / "methods"
 PROMPT_DATASETS = ("hotpotqa", "2wikimqa", "musique")
-
-
-# ------------------------------------------------------------------ prompt sets
-
-class _Fields(dict):
-    """Format mapping that offers ``x_json`` for every field ``x`` and names missing keys."""
-
-    def __init__(self, where: str, values: dict[str, Any]):
-        super().__init__(values)
-        self.where = where
-
-    def __missing__(self, key: str) -> str:
-        if key.endswith("_json") and key[:-5] in self:
-            return json.dumps(self[key[:-5]], ensure_ascii=False)
-        raise KeyError(f"{self.where}: template needs field {key!r}, have {sorted(self)}")
-
-
-def fill(template: str, where: str = "template", **values: Any) -> str:
-    """``template.format(**values)`` with ``x_json`` fields; braces inside values are left alone."""
-    return string.Formatter().vformat(template, (), _Fields(where, values))
-
-
-@dataclass
-class PromptSet:
-    """One ``<method>.yaml`` file."""
-
-    name: str
-    data: dict[str, Any]
-    path: Path
-
-    def dataset_key(self, dataset: str | None, section: str = "examples") -> str:
-        sets = self.data.get(section) or {}
-        if dataset in sets:
-            return dataset
-        fallback = self.data.get("fallback")
-        if fallback not in sets:
-            raise ValueError(f"{self.path}: no {section} for dataset {dataset!r} and fallback {fallback!r} "
-                             f"is not one of {sorted(sets)}")
-        return fallback
-
-    def examples(self, dataset: str | None, section: str = "examples") -> list[dict[str, Any]]:
-        """The few-shot examples for ``dataset`` (a copy), or the fallback set."""
-        return [dict(e) for e in self.data[section][self.dataset_key(dataset, section)]]
-
-    def text(self, key: str, variant: str | None = None) -> str:
-        """A template; a dict-valued key is looked up by ``variant`` (dataset or mode), else ``default``."""
-        if key not in self.data:
-            raise KeyError(f"{self.path}: no field {key!r}")
-        val = self.data[key]
-        if isinstance(val, dict):
-            if variant in val:
-                return val[variant]
-            if "default" in val:
-                return val["default"]
-            raise KeyError(f"{self.path}: field {key!r} has no entry for {variant!r} and no 'default'")
-        return val
-
-    def render_examples(self, dataset: str | None, n: int | None = None, template_key: str = "example",
-                        section: str = "examples", variant: str | None = None, sep: str = "\n\n") -> str:
-        exs = self.examples(dataset, section)[: n if n is not None else None]
-        tmpl = self.text(template_key, variant)
-        return sep.join(fill(tmpl, f"{self.path}:{template_key}", **e) for e in exs)
-
-
-@lru_cache(maxsize=None)
-def load_prompt_set(name: str) -> PromptSet:
-    path = METHODS_DIR / f"{name}.yaml"
-    if not path.is_file():
-        have = sorted(p.stem for p in METHODS_DIR.glob("*.yaml"))
-        raise FileNotFoundError(f"no prompt set {name!r} in {METHODS_DIR}; available: {', '.join(have)}")
-    with path.open(encoding="utf-8") as f:
-        data = yaml.safe_load(f)
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")
-    return PromptSet(name, data, path)
-
-
-# ------------------------------------------------------------------ answer extraction
-
-_FINAL = [
-    re.compile(r"so the final answer is\s*[:\-]?\s*(.+)", re.I),
-    re.compile(r"\banswer is\s*[:\-]?\s*(.+)", re.I),
-    re.compile(r"(?<!intermediate )\banswer\s*:\s*(.+)", re.I),
-]
 _SENT_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
-
-
-def clean_answer(text: str) -> str:
-    """First line of a span, without quotes, brackets, markdown or a trailing full stop."""
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    line = line.strip().strip("*`").strip().strip("\"'").rstrip("}").strip().strip("\"'").strip()
-    line = re.sub(r"\s*\[\d+\]", "", line)  # citation marks like [1]
-    if line.endswith(".") and not re.search(r"\b[A-Z]\.$|\b(?:Jr|Sr|St|Inc|Co|Ltd|M\.D)\.$", line):
-        line = line[:-1]
-    return line.strip().strip("\"'").strip()
-
-
-def extract_answer(text: str) -> tuple[str, bool]:
-    """The answer stated in a generation and whether it was stated in a recognised form.
-
-    Recognised, in order: ``So the final answer is: X`` (Self-Ask, SearChain, MCR),
-    ``... answer is: X`` / ``answer is X`` (IRCoT, CoT), ``Answer: X``. The last
-    occurrence wins (a chain may restate). Otherwise ``(whole generation, False)``,
-    IRCoT's rule for readers that do not end in "answer is:".
-    """
-    for pat in _FINAL:
-        hits = list(pat.finditer(text or ""))
-        if hits:
-            ans = clean_answer(hits[-1].group(1))
-            if ans:
-                return ans, True
-    return " ".join((text or "").split()), False
-
-
-def json_answer(text: str) -> tuple[str, bool]:
-    """Answer of a JSON-format generation (EfficientRAG prompts): ``(answer, parsed)``.
-
-    ``parsed`` is True only for a complete JSON object with an ``answer`` key. Otherwise the
-    answer comes from the tolerant reader shared with Direct-R (unterminated JSON, ``Answer:``
-    lines, first line), or from a ``So the answer is X`` sentence in a thought.
-    """
-    from effrag.llm import JSONParseError, parse_json_loose
-
-    from .generation import parse_answer
-
-    try:
-        obj = parse_json_loose(text or "")
-    except JSONParseError:
-        obj = None
-    if isinstance(obj, dict) and obj.get("answer") not in (None, ""):
-        val = obj["answer"]
-        return (", ".join(map(str, val)) if isinstance(val, list) else str(val)).strip(), True
-    if isinstance(obj, dict) and isinstance(obj.get("thought"), str):
-        ans, ok = extract_answer(obj["thought"])
-        if ok:
-            return ans, False
-    if re.search(r"[\"']answer[\"']\s*:", text or "", re.I):
-        return parse_answer(text), False
-    ans, ok = extract_answer(text or "")
-    return (ans if ok else parse_answer(text or "")), False
 
 
 def first_sentence(text: str) -> str:
@@ -188,12 +42,14 @@ def same_answer(a: str, b: str) -> bool:
     return bool(na) and (na in nb or (bool(nb) and nb in na and len(nb) >= 0.6 * len(na)))
 
 
-# ------------------------------------------------------------------ LLM accounting
+# ------------------------------------------------------------------ per-question accounting
 
 @dataclass
 class Session:
-    """Per-question LLM usage: every call through here is counted (cached calls included)."""
+    """One question's run: every LLM call through here is counted (cached calls included), and every
+    retrieval round noted, so each chunk of the result knows the round (hop) and query that found it."""
 
+    question: str
     llm: Any
     max_tokens: int = 128
     temperature: float = 0.0
@@ -203,6 +59,15 @@ class Session:
     completion_tokens: int = 0
     llm_seconds: float = 0.0
     log: list[dict[str, Any]] = field(default_factory=list)
+    rounds: int = 0  # retrieval rounds (``search`` calls) so far
+    found: dict[str, tuple[int, str]] = field(default_factory=dict)  # chunk id -> (round, query), first seen
+    started: float = field(default_factory=time.perf_counter)
+
+    def note_retrieval(self, queries: Sequence[str], results: Sequence[Sequence[Any]]) -> None:
+        for q, hits in zip(queries, results):
+            for h in hits:
+                self.found.setdefault(h.id, (self.rounds, q))
+        self.rounds += 1
 
     def chat(self, messages: str | Sequence[dict[str, str]], **kw: Any) -> list:
         if isinstance(messages, str):
@@ -232,9 +97,20 @@ class Session:
     def ask(self, prompt: str | Sequence[dict[str, str]], **kw: Any) -> str:
         return self.chat(prompt, **kw)[0].text
 
-    def usage(self) -> dict[str, Any]:
-        return {"llm_calls": self.calls, "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens}
+    def result(self, hits: Sequence, answer: str, *, iterations: int, parse_failures: int,
+               trace: dict[str, Any] | None = None) -> Result:
+        """The question's result: ``hits`` are all chunks given to the LLM, in order (deduplicated here,
+        scored by the retriever); the trace gains the LLM call log."""
+        chunks: dict[str, Chunk] = {}
+        for h in hits:
+            if h.id not in chunks:
+                hop, query = self.found.get(h.id, (0, ""))
+                chunks[h.id] = Chunk.from_hit(h, hop=hop, query=query)
+        return Result(self.question, list(chunks.values()), answer, trace={**(trace or {}), "llm_log": self.log},
+                      iterations=iterations, llm_calls=self.calls, prompt_tokens=self.prompt_tokens,
+                      completion_tokens=self.completion_tokens,
+                      extra={"parse_failures": parse_failures,
+                             "method_latency_s": round(time.perf_counter() - self.started, 4)})
 
 
 # ------------------------------------------------------------------ base class
@@ -262,10 +138,16 @@ def canonical_dataset(dataset: str | None) -> str | None:
 
 
 class LLMMethod(Pipeline):
-    """Base of the LLM-based methods: holds retriever, LLM, prompt dataset and generation settings."""
+    """Base of the LLM-based methods: holds retriever, LLM, prompt dataset and generation settings.
+
+    A method's ``run`` opens a :meth:`session` for the question, calls the LLM through it,
+    retrieves with :meth:`search` (passing the session) and ends with ``session.result(...)``.
+    """
 
     retrieves = True
     default_max_tokens = 128
+    uses_llm = True
+    uses_dataset = True
 
     def __init__(self, retriever=None, k: int = 5, llm: Any = "default", dataset: str | None = None,
                  max_tokens: int | None = None, temperature: float = 0.0, seed: int = 0,
@@ -285,23 +167,15 @@ class LLMMethod(Pipeline):
     def add_args(cls, parser) -> None:
         add_llm_args(parser)
 
-    def session(self, max_tokens: int | None = None) -> Session:
-        return Session(self.llm, max_tokens or self.max_tokens, self.temperature, self.seed)
+    def session(self, question: str, max_tokens: int | None = None) -> Session:
+        return Session(question, self.llm, max_tokens or self.max_tokens, self.temperature, self.seed)
 
-    def search(self, queries: list[str], k: int | None = None) -> list[list]:
-        return self.retriever.search([q if q.strip() else "?" for q in queries], k or self.k)
-
-    def finish(self, session: Session, hits: Sequence, answer: str, *, iterations: int, parse_failures: int,
-               t0: float, trace: dict[str, Any] | None = None) -> dict[str, Any]:
-        """MethodOutput dict; ``hits`` are all chunks given to the LLM, in order (deduplicated here)."""
-        seen: dict[str, float] = {}
-        for h in hits:
-            seen.setdefault(h.id, float(h.score))
-        out = self.output(list(seen), list(seen.values()), answer, iterations=iterations,
-                          trace={**(trace or {}), "llm_log": session.log}, **session.usage())
-        out["parse_failures"] = parse_failures
-        out["method_latency_s"] = round(time.perf_counter() - t0, 4)
-        return out
+    def search(self, queries: list[str], k: int | None = None, session: Session | None = None) -> list[list]:
+        """Top-``k`` (default: the method's) hits per query, one round noted in ``session`` when given."""
+        results = self.retriever.search([q if q.strip() else "?" for q in queries], k or self.k)
+        if session is not None:
+            session.note_retrieval(queries, results)
+        return results
 
 
 def add_llm_args(parser) -> None:

@@ -15,14 +15,16 @@ chain is decoded greedily and ``chains - 1`` more are sampled at temperature 0.7
 from __future__ import annotations
 
 import random
-import time
 from collections import Counter
 from typing import Any
 
 from effrag.evaluation.metrics import normalize_answer
+from effrag.prompts import load_prompt
 
+from .answers import parse_answer
 from .base import register_pipeline
-from .llm_common import LLMMethod, add_llm_args, extract_answer, fill, load_prompt_set
+from .llm_common import LLMMethod, add_llm_args
+from .result import Result
 from .self_ask import STOP, Chain, run_chain
 
 MODES = ("mcr", "scr", "sc")
@@ -63,7 +65,7 @@ class MCR(LLMMethod):
         self.sample_temperature, self.max_follow_ups = sample_temperature, max_follow_ups
         self.retrieve_question, self.snippet_words = retrieve_question, snippet_words
         self.meta_max_tokens, self.n_examples = meta_max_tokens, n_examples
-        self.prompts = load_prompt_set("mcr")
+        self.prompts = load_prompt("methods/mcr")
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -81,14 +83,13 @@ class MCR(LLMMethod):
         return "\n".join([p.text("decompose_instruction"),
                           p.render_examples(self.dataset, self.n_examples, "decompose_example", "decompose_examples",
                                             sep="\n"),
-                          fill(p.text("decompose_query"), str(p.path), contexts=contexts, question=question,
-                               partial=chain.partial())])
+                          p.fill("decompose_query", contexts=contexts, question=question, partial=chain.partial())])
 
     def meta_prompt(self, question: str, context: str) -> str:
         p = self.prompts
         return "\n".join([p.text("meta_instruction"),
                           p.render_examples(self.dataset, self.n_examples, "meta_example", "meta_examples", sep="\n"),
-                          fill(p.text("meta_query"), str(p.path), context=context, question=question)])
+                          p.fill("meta_query", context=context, question=question)])
 
     def multi_chain_context(self, chains: list[Chain]) -> str:
         pairs = [f"{st.question} {st.answer}" for c in chains for st in c.steps if st.answer]
@@ -102,12 +103,11 @@ class MCR(LLMMethod):
             return self.decompose_prompt(question, base_evidence + chain.hits, chain)
 
         return run_chain(lambda prompt: s.ask(prompt, stop=STOP, temperature=temperature, seed=seed), render,
-                         lambda q: self.search([q], 1)[0], self.max_follow_ups)
+                         lambda q: self.search([q], 1, s)[0], self.max_follow_ups)
 
-    def run(self, question: str) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        s = self.session()
-        base = self.search([question], 1)[0] if self.retrieve_question else []
+    def run(self, question: str) -> Result:
+        s = self.session(question)
+        base = self.search([question], 1, s)[0] if self.retrieve_question else []
         chains = [self.build_chain(s, question, base, 0.0 if i == 0 else self.sample_temperature, self.seed + i)
                   for i in range(self.n_chains)]
         failures = sum(1 for c in chains if not c.final)
@@ -122,9 +122,9 @@ class MCR(LLMMethod):
         else:
             context = self.multi_chain_context(chains)
             raw = s.ask(self.meta_prompt(question, context), max_tokens=self.meta_max_tokens, stop=["\n#"])
-            answer, ok = extract_answer(raw)
+            answer, ok = parse_answer(raw, "sentence")
             failures += 0 if ok else 1
             trace.update({"context": context, "meta_output": raw})
         hits = base + [h for c in chains for h in c.hits]
-        return self.finish(s, hits, answer, iterations=sum(len(c.steps) for c in chains),
-                           parse_failures=failures, t0=t0, trace=trace)
+        return s.result(hits, answer, iterations=sum(len(c.steps) for c in chains), parse_failures=failures,
+                        trace=trace)

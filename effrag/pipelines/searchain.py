@@ -21,13 +21,16 @@ LLM for the final content from the recorded (query, answer) pairs, and its
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from effrag.prompts import load_prompt
+
+from .answers import parse_answer
 from .base import register_pipeline
-from .llm_common import LLMMethod, add_llm_args, extract_answer, fill, load_prompt_set, same_answer
+from .llm_common import LLMMethod, Session, add_llm_args, same_answer
+from .result import Result
 
 DEFAULT_READER = "checkpoints/reader-minilm"
 _LINE = re.compile(r"^\[(Query|Answer|Unsolved Query|Final Content|Question)\s*(\d*)\]\s*:?\s*(.*)$", re.I)
@@ -101,12 +104,15 @@ def parse_coq(text: str) -> CoQ:
 
 def load_reader(reader: Any):
     if reader is None or isinstance(reader, (str, Path)):
+        from effrag.models.heads import HEADS_NAME
         from effrag.models.reader import ExtractiveReader
 
         path = Path(reader or DEFAULT_READER)
-        if not path.is_dir():
-            raise FileNotFoundError(f"SearChain reader checkpoint {path} not found; train one with "
-                                    "`python -m effrag.models.reader TRAIN.jsonl ... --out checkpoints/reader-minilm`")
+        if not (path / HEADS_NAME).is_file():  # a folder of committed text files only has no weights
+            raise FileNotFoundError(f"SearChain reader checkpoint {path} not found (no {HEADS_NAME}); train one with "
+                                    "`python scripts/train_models.py --models reader --name minilm` (data from "
+                                    "../shared/data, installs checkpoints/reader-minilm), or with train.py: "
+                                    "`accelerate launch train.py --config configs/reader.yaml`")
         return ExtractiveReader.from_pretrained(path)
     if not hasattr(reader, "predict"):
         raise TypeError(f"reader must be a checkpoint path or an ExtractiveReader, got {type(reader).__name__}")
@@ -122,7 +128,7 @@ class SearChain(LLMMethod):
         super().__init__(retriever, k=k, llm=llm, dataset=dataset, **kw)
         self.reader = load_reader(reader)
         self.theta, self.max_rounds = theta, max_rounds
-        self.prompts = load_prompt_set("searchain")
+        self.prompts = load_prompt("methods/searchain")
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -135,16 +141,16 @@ class SearChain(LLMMethod):
     def chain_prompt(self, question: str) -> str:
         p = self.prompts
         examples = "\n".join(e["text"] for e in p.examples(self.dataset))
-        return fill(p.text("chain"), str(p.path), question=question, examples=examples)
+        return p.fill("chain", question=question, examples=examples)
 
     @staticmethod
     def doc_text(hit) -> str:
         return f"{hit.title}: {hit.text}" if getattr(hit, "title", "") else hit.text
 
     # ------------------------------------------------------------- IR side (Algorithm 1, function IR)
-    def check_node(self, question: str, node: Node) -> Feedback:
+    def check_node(self, question: str, node: Node, session: Session | None = None) -> Feedback:
         """Retrieve the top-1 document for the node, read it, and decide pass / verify / complete."""
-        hits = self.search([node.query], 1)[0]
+        hits = self.search([node.query], 1, session)[0]
         if not hits:
             return Feedback("pass", node, None, "", float("-inf"))
         doc = hits[0]
@@ -154,23 +160,22 @@ class SearChain(LLMMethod):
     def decide(self, question: str, node: Node, doc, g: str, f: float) -> Feedback:
         p = self.prompts
         if node.unsolved:
-            msg = fill(p.text("complete"), str(p.path), query=node.query, answer=g, question=question,
-                       reference=self.doc_text(doc))
+            msg = p.fill("complete", query=node.query, answer=g, question=question, reference=self.doc_text(doc))
             return Feedback("complete", node, doc, g, f, msg)
         if f > self.theta and g and not same_answer(g, node.answer or ""):
-            msg = fill(p.text("verify"), str(p.path), query=node.query, answer=g, question=question,
-                       reference=self.doc_text(doc))
+            msg = p.fill("verify", query=node.query, answer=g, question=question, reference=self.doc_text(doc))
             return Feedback("verify", node, doc, g, f, msg)
         return Feedback("pass", node, doc, g, f)
 
-    def traverse(self, question: str, coq: CoQ, processed: set[str], record: list[Feedback]) -> Feedback | None:
+    def traverse(self, question: str, coq: CoQ, processed: set[str], record: list[Feedback],
+                 session: Session | None = None) -> Feedback | None:
         """Algorithm 1, function Traverse: the first non-pass feedback, or None ("Finish")."""
         for node in coq.nodes:
             key = " ".join(node.query.lower().split())
             if key in processed:
                 continue
             processed.add(key)
-            fb = self.check_node(question, node)
+            fb = self.check_node(question, node, session)
             if fb.doc is not None:
                 record.append(fb)
             if fb.kind != "pass":
@@ -178,9 +183,8 @@ class SearChain(LLMMethod):
         return None
 
     # ------------------------------------------------------------- main loop
-    def run(self, question: str) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        s = self.session()
+    def run(self, question: str) -> Result:
+        s = self.session(question)
         messages = [{"role": "user", "content": self.chain_prompt(question)}]
         processed: set[str] = set()
         record: list[Feedback] = []
@@ -194,7 +198,7 @@ class SearChain(LLMMethod):
                 failures += 1
                 events.append({"round": rounds, "nodes": 0, "feedback": "none (no [Query] nodes)"})
                 break
-            fb = self.traverse(question, coq, processed, record)
+            fb = self.traverse(question, coq, processed, record, s)
             events.append({"round": rounds, "nodes": len(coq.nodes),
                            "feedback": fb.kind if fb else "finish",
                            "node": fb.node.query if fb else None,
@@ -205,10 +209,10 @@ class SearChain(LLMMethod):
         answer, content, refs, ok = self.trace_answer(s, question, record, coq)
         failures += 0 if ok else 1
         hits = [fb.doc for fb in record]
-        return self.finish(s, hits, answer, iterations=rounds, parse_failures=failures, t0=t0,
-                           trace={"rounds": events, "final_content": content, "references": refs,
-                                  "nodes": [{"query": fb.node.query, "answer": fb.recorded_answer, "kind": fb.kind,
-                                             "doc": fb.doc.id, "confidence": fb.confidence} for fb in record]})
+        return s.result(hits, answer, iterations=rounds, parse_failures=failures,
+                        trace={"rounds": events, "final_content": content, "references": refs,
+                               "nodes": [{"query": fb.node.query, "answer": fb.recorded_answer, "kind": fb.kind,
+                                          "doc": fb.doc.id, "confidence": fb.confidence} for fb in record]})
 
     def trace_answer(self, s, question: str, record: list[Feedback], coq: CoQ) -> tuple[str, str, list, bool]:
         """Tracing: final content from the recorded pairs, ``[k]`` marks turned into document references."""
@@ -216,7 +220,7 @@ class SearChain(LLMMethod):
             pairs = "\n".join(f"[Query {i}]: {fb.node.query}\n[Answer {i}]: {fb.recorded_answer}"
                               for i, fb in enumerate(record, 1))
             p = self.prompts
-            content = s.ask(fill(p.text("trace"), str(p.path), question=question, pairs=pairs))
+            content = s.ask(p.fill("trace", question=question, pairs=pairs))
             content = re.sub(r"^\s*\[Final Content\]\s*:?\s*", "", content.strip(), flags=re.I)
         else:
             content = coq.final_content or ""
@@ -229,13 +233,14 @@ class SearChain(LLMMethod):
                 return f"[Reference: {record[i].doc.id}]"
             return m.group(0)
 
-        answer, ok = extract_answer(_MARK.sub("", content))
+        answer, ok = parse_answer(_MARK.sub("", content), "sentence")
         if not ok:  # fall back to the last CoQ's final content, the last recorded node, the last generation
-            alt, alt_ok = extract_answer(_MARK.sub("", coq.final_content)) if coq.final_content else ("", False)
+            alt, alt_ok = parse_answer(_MARK.sub("", coq.final_content), "sentence") if coq.final_content \
+                else ("", False)
             if alt_ok:
                 answer = alt
             elif record:
                 answer = record[-1].recorded_answer
             else:
-                answer = extract_answer(_MARK.sub("", coq.raw))[0]
+                answer = parse_answer(_MARK.sub("", coq.raw), "sentence")[0]
         return answer, _MARK.sub(ref, content), refs, ok

@@ -16,13 +16,16 @@ chains (where the LLM itself writes the intermediate answers from prepended evid
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from effrag.prompts import load_prompt
+
+from .answers import clean_answer, parse_answer
 from .base import register_pipeline
 from .generation import Generator
-from .llm_common import LLMMethod, add_llm_args, clean_answer, extract_answer, fill, load_prompt_set
+from .llm_common import LLMMethod, add_llm_args
+from .result import Result
 
 STOP = ["\nIntermediate answer:", "\n#", "\nQuestion:"]
 _PREFIXES = [
@@ -159,7 +162,7 @@ class SelfAsk(LLMMethod):
                  max_follow_ups: int = 5, answer_max_tokens: int = 64, n_examples: int | None = None, **kw: Any):
         super().__init__(retriever, k=k, llm=llm, dataset=dataset, **kw)
         self.max_follow_ups, self.n_examples = max_follow_ups, n_examples
-        self.prompts = load_prompt_set("self_ask")
+        self.prompts = load_prompt("methods/self_ask")
         self.generator = Generator(self.llm, dataset=self.dataset, max_tokens=answer_max_tokens)
 
     @classmethod
@@ -173,11 +176,10 @@ class SelfAsk(LLMMethod):
         p = self.prompts
         return "\n".join([p.text("instruction", self.dataset),
                           p.render_examples(self.dataset, self.n_examples, sep="\n"),
-                          fill(p.text("query"), str(p.path), question=question, partial=chain.partial() + suffix)])
+                          p.fill("query", question=question, partial=chain.partial() + suffix)])
 
-    def run(self, question: str) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        s = self.session()
+    def run(self, question: str) -> Result:
+        s = self.session(question)
         shown: list = []
 
         def answer(q: str, hits: list) -> str:
@@ -187,16 +189,16 @@ class SelfAsk(LLMMethod):
             return gen.answer
 
         chain = run_chain(lambda prompt: s.ask(prompt, stop=STOP), lambda c: self.render(question, c),
-                          lambda q: self.search([q])[0], self.max_follow_ups, answer)
+                          lambda q: self.search([q], session=s)[0], self.max_follow_ups, answer)
         failures, forced = 0, None
         if chain.final:
             final = chain.final
         else:  # Self-Ask's closing step: ask for the final answer outright
             forced = s.ask(self.render(question, chain, "\nSo the final answer is:"), stop=["\n"])
-            final = clean_answer(forced)
+            final = clean_answer(forced)  # the reply is the span after "So the final answer is:"
             if not final:
-                final, failures = chain.answer or extract_answer(chain.generations[-1] if chain.generations
-                                                                 else "")[0], 1
-        return self.finish(s, shown, final, iterations=len(chain.steps), parse_failures=failures, t0=t0,
-                           trace={"chain": chain.partial(), "stop_reason": chain.stop_reason,
-                                  "follow_ups": [st.question for st in chain.steps], "forced_final": forced})
+                final, failures = chain.answer or parse_answer(chain.generations[-1] if chain.generations
+                                                               else "", "sentence")[0], 1
+        return s.result(shown, final, iterations=len(chain.steps), parse_failures=failures,
+                        trace={"chain": chain.partial(), "stop_reason": chain.stop_reason,
+                               "follow_ups": [st.question for st in chain.steps], "forced_final": forced})

@@ -12,7 +12,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from .base import Hit
-from .meta import read_meta, write_meta
+from ..integrity import CorruptFileError, short_error
+from .meta import REBUILD, files_under, read_meta, verify_index, write_meta
 
 
 @lru_cache(maxsize=1)
@@ -41,6 +42,23 @@ def resolve_stemmer(stemmer: str | None) -> str | None:
     except ImportError:
         return None
     return "english"
+
+
+def _unreadable_file(folder: Path) -> Path | None:
+    """The first ``.npy`` or ``.json`` file in a saved bm25s folder that does not read back, if any."""
+    import json
+
+    import numpy as np
+
+    for p in sorted(folder.iterdir()):
+        try:
+            if p.suffix == ".npy":
+                np.load(p, allow_pickle=False, mmap_mode="r")
+            elif p.suffix == ".json":
+                json.loads(p.read_text(encoding="utf-8"))
+        except (ValueError, OSError, EOFError, UnicodeDecodeError):
+            return p
+    return None
 
 
 class BM25Retriever:
@@ -166,21 +184,32 @@ class BM25Retriever:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         self._model.save(str(d / "bm25"), show_progress=False)
-        write_meta(d, self.kind, self.corpus, self.opts, write_corpus=write_corpus)
+        write_meta(d, self.kind, self.corpus, self.opts, write_corpus=write_corpus, files=files_under(d, "bm25"))
         return d
 
     @classmethod
-    def load(cls, directory: str | Path, corpus, **_runtime) -> "BM25Retriever":
+    def load(cls, directory: str | Path, corpus, verify: str | None = None, **_runtime) -> "BM25Retriever":
+        """Load a saved index; ``verify`` (``"cheap"``/``"full"``/``"off"``) checks its files first."""
         bm25s = _bm25s()
 
         d = Path(directory)
-        opts = read_meta(d)["options"]
+        meta = read_meta(d)
+        verify_index(d, meta, verify)
+        opts = meta["options"]
         if opts["stemmer"]:
             try:
                 _make_stemmer(opts["stemmer"])
             except ImportError:
                 raise ImportError(f"{d}: index was built with the {opts['stemmer']!r} stemmer; "
                                   "install PyStemmer to query it") from None
-        model = bm25s.BM25.load(str(d / "bm25"), show_progress=False)
+        if not (d / "bm25").is_dir():
+            raise FileNotFoundError(f"{d / 'bm25'} not found: the index folder is incomplete; {REBUILD}")
+        try:  # never unpickle: a damaged .npy header must not turn into an offer to run pickled code
+            model = bm25s.BM25.load(str(d / "bm25"), show_progress=False, allow_pickle=False)
+        except FileNotFoundError:
+            raise
+        except (ValueError, OSError, EOFError, KeyError, TypeError) as e:
+            bad = _unreadable_file(d / "bm25") or d / "bm25"
+            raise CorruptFileError(f"corrupted file {bad} ({short_error(e)}); {REBUILD}") from None
         return cls(corpus, opts["k1"], opts["b"], opts["stopwords"], opts["stemmer"], article=opts.get("article", False),
                    _model=model)

@@ -16,7 +16,8 @@ import numpy as np
 
 from .base import Hit
 from .encoder import Encoder
-from .meta import IndexMismatchError, read_meta, write_meta
+from ..integrity import CorruptFileError, short_error
+from .meta import REBUILD, IndexMismatchError, read_meta, verify_index, write_meta
 
 log = logging.getLogger(__name__)
 
@@ -162,21 +163,31 @@ class DenseRetriever:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         faiss.write_index(self._cpu_index, str(d / "index.faiss"))
-        write_meta(d, self.kind, self.corpus, self.opts, encoder=self.encoder, write_corpus=write_corpus)
+        write_meta(d, self.kind, self.corpus, self.opts, encoder=self.encoder, write_corpus=write_corpus,
+                   files=["index.faiss"])
         return d
 
     @classmethod
-    def load(cls, directory: str | Path, corpus, encoder: Encoder, **runtime) -> "DenseRetriever":
+    def load(cls, directory: str | Path, corpus, encoder: Encoder, verify: str | None = None,
+             **runtime) -> "DenseRetriever":
+        """Load a saved index; ``verify`` (``"cheap"``/``"full"``/``"off"``) checks its files first."""
         import faiss
 
         d = Path(directory)
         meta = read_meta(d)
+        verify_index(d, meta, verify)
         if meta["encoder"]["fingerprint"] != encoder.fingerprint():
             raise IndexMismatchError(
                 f"{d}: index was built with encoder {meta['encoder']['settings']['path']} "
                 f"(fingerprint {meta['encoder']['fingerprint']}), but encoder {encoder.path} "
                 f"has fingerprint {encoder.fingerprint()} (different weights, config, pooling or prefixes)")
-        index = faiss.read_index(str(d / "index.faiss"))
+        path = d / "index.faiss"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: the index folder is incomplete; {REBUILD}")
+        try:
+            index = faiss.read_index(str(path))
+        except RuntimeError as e:  # FAISS reports a damaged or truncated file as a RuntimeError
+            raise CorruptFileError(f"corrupted file {path} ({short_error(e)}); {REBUILD}") from None
         if index.ntotal != len(corpus):
             raise IndexMismatchError(f"{d}: index holds {index.ntotal} vectors but the corpus has {len(corpus)}")
         opts = dict(meta["options"])

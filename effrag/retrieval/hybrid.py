@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .base import Hit
-from .meta import write_meta
+from .meta import files_under, write_meta
 
 
 def rrf_fuse(rankings: list[list[Hit]], k: int, k_rrf: int = 60) -> list[Hit]:
@@ -52,5 +52,6 @@ class HybridRetriever:
         for i, r in enumerate(self.retrievers):
             r.save(d / f"part{i}", write_corpus=False)
         encoder = next((r.encoder for r in self.retrievers if hasattr(r, "encoder")), None)
-        write_meta(d, self.kind, self.corpus, self.opts, encoder=encoder, write_corpus=write_corpus)
+        parts = [f for i in range(len(self.retrievers)) for f in files_under(d, f"part{i}")]
+        write_meta(d, self.kind, self.corpus, self.opts, encoder=encoder, write_corpus=write_corpus, files=parts)
         return d

@@ -2,10 +2,13 @@
 
 A saved index is a folder with the index files, ``corpus.jsonl`` and
 ``index_meta.json`` (kind, corpus and encoder fingerprints, options, package
-versions). ``index_meta.json`` is written last, so a folder without it is an
-unfinished build. Loading with a corpus or encoder other than the ones the index
-was built from raises :class:`IndexMismatchError` instead of silently returning
-wrong passages.
+versions, and the size and sha256 of every file). ``index_meta.json`` is written
+last, so a folder without it is an unfinished build. Loading with a corpus or
+encoder other than the ones the index was built from raises
+:class:`IndexMismatchError` instead of silently returning wrong passages, and a
+file that changed since it was saved raises :class:`~effrag.integrity.IntegrityError`
+(checked cheaply by default, fully with ``verify="full"`` or ``EFFRAG_VERIFY=full``;
+see :mod:`effrag.integrity` and :func:`verify_index`).
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from .meta import META, IndexMismatchError, read_meta
+from .meta import META, IndexMismatchError, read_meta, verify_index  # noqa: F401  (verify_index: re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +80,11 @@ def _encoder_for(meta: dict, directory: Path, encoder_path: str | None, bf16: bo
 
 
 def load_retriever(directory: str | Path, corpus=None, encoder_path: str | None = None, encoder=None,
-                   bf16: bool = False, **runtime):
+                   bf16: bool = False, verify: str | None = None, **runtime):
     """Load a saved retriever; ``corpus``/``encoder`` given must be the ones it was built with.
 
+    ``verify``: how much of the saved files to check against their recorded hashes first,
+    ``"cheap"`` (default, or ``$EFFRAG_VERIFY``), ``"full"`` or ``"off"`` (see :mod:`effrag.integrity`).
     ``runtime`` options change search only (``nprobe``, ``ef_search``, ``gpu``, ``batch_size``).
     """
     from effrag.data import Corpus
@@ -90,6 +95,7 @@ def load_retriever(directory: str | Path, corpus=None, encoder_path: str | None 
 
     d = Path(directory)
     meta = read_meta(d)
+    verify_index(d, meta, verify)  # a hybrid index's record covers its parts' files too
     saved_fp = meta["corpus"]["fingerprint"]
     if corpus is None:
         corpus = Corpus.from_jsonl(d / "corpus.jsonl")
@@ -102,15 +108,15 @@ def load_retriever(directory: str | Path, corpus=None, encoder_path: str | None 
         encoder = _encoder_for(meta, d, encoder_path, bf16)
     kind = meta["kind"]
     if kind == "bm25":
-        return BM25Retriever.load(d, corpus)
+        return BM25Retriever.load(d, corpus, verify="off")
     if kind == "dense":
-        return DenseRetriever.load(d, corpus, encoder, **runtime)
+        return DenseRetriever.load(d, corpus, encoder, verify="off", **runtime)
     if kind == "hybrid":
         parts = []
         for i, part_kind in enumerate(meta["options"]["parts"]):
             part = d / f"part{i}"
-            parts.append(DenseRetriever.load(part, corpus, encoder, **runtime) if part_kind == "dense"
-                         else BM25Retriever.load(part, corpus))
+            parts.append(DenseRetriever.load(part, corpus, encoder, verify="off", **runtime) if part_kind == "dense"
+                         else BM25Retriever.load(part, corpus, verify="off"))
         return HybridRetriever(parts, k_rrf=meta["options"]["k_rrf"], depth=meta["options"]["depth"])
     raise ValueError(f"{d}: unknown retriever kind {kind!r} in {META}")
 

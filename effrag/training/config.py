@@ -140,9 +140,23 @@ def parse_overrides(args: list[str]) -> dict:
     return out
 
 
+def find_config(name_or_path: str | Path) -> Path:
+    """A YAML file's path, or the name of a packaged default config (``labeler``: effrag/configs/labeler.yaml)."""
+    from .. import configs
+
+    given = Path(name_or_path)
+    if given.is_file() or given.suffix or len(given.parts) > 1:
+        return given.resolve()
+    try:
+        return configs.path(str(name_or_path)).resolve()
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {given} (nor a packaged config name: "
+                          f"{', '.join(configs.names())})") from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | dict | None = None) -> Config:
-    """Config from a YAML file (optional) with overrides applied on top."""
-    raw = _read_yaml(Path(path).resolve()) if path else {}
+    """Config from a YAML file or packaged config name (optional) with overrides applied on top."""
+    raw = _read_yaml(find_config(path)) if path else {}
     over = parse_overrides(overrides) if isinstance(overrides, list) else (overrides or {})
     where = str(path) if path else "config"
     cfg = _build(Config, _merge(raw, over), where)
@@ -184,10 +198,25 @@ def validate(cfg: Config, where: str = "config") -> None:
         ("train.log_every", t.log_every, t.log_every >= 1, ">= 1"),
         ("train.num_workers", t.num_workers, t.num_workers >= 0, ">= 0"),
         ("train.torch_threads", t.torch_threads, t.torch_threads is None or t.torch_threads >= 1, ">= 1 or null"),
+        ("train.report_to", t.report_to, t.report_to in ("none", "wandb"), "'none' or 'wandb'"),
     ]
     for key, value, ok, want in checks:
         if not ok:
             raise ConfigError(f"{where}: {key} must be {want}, got {value!r}")
+    if t.scheduler not in _COMMON_SCHEDULERS and t.scheduler not in _scheduler_names():  # imports transformers
+        raise ConfigError(f"{where}: train.scheduler must be one of {', '.join(_scheduler_names())}, got {t.scheduler!r}")
+
+
+_COMMON_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial")
+
+
+def _scheduler_names() -> list[str]:
+    """The names ``transformers.get_scheduler`` knows (its ``SchedulerType``)."""
+    try:
+        from transformers.trainer_utils import SchedulerType
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return ["linear", "cosine", "constant", "constant_with_warmup"]
+    return [s.value for s in SchedulerType]
 
 
 def check_encoder(name: str, where: str = "config") -> None:

@@ -6,7 +6,6 @@ the line and the field; nothing is silently dropped.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from pathlib import Path
@@ -79,14 +78,6 @@ def select(records: list[dict], sources: list[str] | None, limit: int | None, se
     return records
 
 
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 class FeatureDataset(Dataset):
     """A list of feature dicts (already tokenized) as a map-style dataset."""
 
@@ -127,6 +118,14 @@ class LengthGroupedSampler(Sampler):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+    def state_dict(self) -> dict:
+        """All the order depends on (saved in a checkpoint; the position inside an epoch is the loop's)."""
+        return {"seed": self.seed, "epoch": self.epoch, "batch_size": self.batch_size, "mega": self.mega}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The saved order (a changed batch size is reported by the loop as a changed setting)."""
+        self.seed, self.epoch, self.mega = state["seed"], state["epoch"], state.get("mega", self.mega)
 
     def __len__(self) -> int:
         return len(self.lengths)

@@ -12,13 +12,20 @@ Output directory::
     config.yaml, run_info.json, log.jsonl, results.json
     checkpoints/step_0000200/   accelerate state + trainer_state.json (resume with --resume_from_checkpoint)
     best/, last/                save_pretrained model directories (+ metrics.json)
+
+Rerunning a run into the same output directory (``plan_start``): a run that stopped resumes from
+its latest checkpoint (one line says which, at which step), a finished run (``results.json``) is
+left alone, ``overwrite=True`` (``train.py --overwrite``) clears the directory and starts afresh.
+A resume truncates ``log.jsonl`` to the checkpoint's step and replays the rest exactly: weights,
+optimizer, schedule, python/numpy/torch RNG (dropout), the epoch's data order and position in it,
+the loss being averaged for the next log line; a killed and resumed run ends bit-identical to an
+unbroken one on the same hardware and process count (docs/reliability.md, "Training resume").
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-import platform
 import shutil
 import sys
 import time
@@ -27,11 +34,13 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from ..provenance import file_sha256, package_versions
+from .checkpoints import (RESULTS_NAME, STATE_NAME, checkpoint_dirs, config_changes, plan_start,
+                          prepare_output_dir)
 from .config import Config, ConfigError, check_encoder, save_config
-from .data import Collator, FeatureDataset, LengthGroupedSampler, file_sha256, group_ids, read_jsonl, select
+from .data import Collator, FeatureDataset, LengthGroupedSampler, group_ids, read_jsonl, select
 from .tasks import Task, get_task
 
-STATE_NAME = "trainer_state.json"
 
 
 def make_accelerator(cfg: Config):
@@ -151,9 +160,6 @@ def param_checksums(model) -> torch.Tensor:
 
 
 def run_info(cfg: Config, accelerator) -> dict:
-    import accelerate
-    import transformers
-
     from .. import __version__
 
     files = [cfg.data.train_file, *cfg.data.eval_files]
@@ -163,38 +169,56 @@ def run_info(cfg: Config, accelerator) -> dict:
         "num_processes": accelerator.num_processes,
         "distributed_type": str(accelerator.distributed_type),
         "mixed_precision": accelerator.mixed_precision,
-        "versions": {"effrag": __version__, "python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, "accelerate": accelerate.__version__},
+        "versions": {**package_versions(), "effrag": __version__},
         "data_sha256": {f: file_sha256(f) for f in files if f and Path(f).is_file()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
 
 
-def find_checkpoint(spec: str, output_dir: Path) -> Path:
-    if spec == "latest":
-        ckpts = sorted((output_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-        ckpts = [c for c in ckpts if (c / STATE_NAME).is_file()]
-        if not ckpts:
-            raise FileNotFoundError(f"--resume_from_checkpoint latest: no checkpoint in {output_dir / 'checkpoints'}")
-        return ckpts[-1]
-    path = Path(spec)
-    if not (path / STATE_NAME).is_file():
-        raise FileNotFoundError(f"--resume_from_checkpoint {spec}: {path / STATE_NAME} not found")
-    return path
+def preflight(cfg: Config) -> None:
+    """Errors that need no model: missing data files, an encoder that is not here (before any heavy work)."""
+    d = cfg.data
+    if not d.train_file:
+        raise ConfigError("data.train_file is not set")
+    for key, f in [("data.train_file", d.train_file)] + [("data.eval_files", f) for f in d.eval_files]:
+        if not Path(f).is_file():
+            raise ConfigError(f"{key}: file not found: {f}")
+    if not (Path(cfg.model.name_or_path) / "effrag_config.json").is_file():
+        check_encoder(cfg.model.name_or_path, "model")
 
 
-def train(cfg: Config) -> dict:
-    """Train ``cfg.task`` as configured; returns (and writes) ``results.json``'s content."""
+def _main_print(msg: str) -> None:
+    """Print on the main process only, before an Accelerator exists (RANK is set by the launchers)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(msg, flush=True)
+
+
+def train(cfg: Config, overwrite: bool = False) -> dict:
+    """Train ``cfg.task`` as configured; returns (and writes) ``results.json``'s content.
+
+    Into an output directory that already holds a run: resumes from its latest checkpoint, or returns
+    a finished run's results without training; ``overwrite`` clears it first (see ``plan_start``).
+    """
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
     from transformers import get_scheduler
 
     task = get_task(cfg.task)
     tc = cfg.train
-    if not cfg.data.train_file:
-        raise ConfigError("data.train_file is not set")
     out_dir = Path(tc.output_dir)
+    mode, ckpt = plan_start(cfg, overwrite)
+    if mode == "finished":
+        results = json.loads((out_dir / RESULTS_NAME).read_text())
+        _main_print(f"{out_dir} is a finished run (step {results.get('global_step')} of {results.get('total_steps')}, "
+                    f"{RESULTS_NAME} is there): nothing to train; --overwrite trains it again from step 0")
+        return results
+    preflight(cfg)
     accelerator = make_accelerator(cfg)
+    ckpt_state = json.loads((ckpt / STATE_NAME).read_text()) if ckpt is not None else None
+    accelerator.wait_for_everyone()  # every process has planned before the main one changes the directory
+    if accelerator.is_main_process:
+        prepare_output_dir(out_dir, mode, ckpt_state["global_step"] if ckpt_state else 0)
+    accelerator.wait_for_everyone()
     if tc.torch_threads:
         torch.set_num_threads(tc.torch_threads)
     set_seed(tc.seed)
@@ -208,9 +232,14 @@ def train(cfg: Config) -> dict:
     collate = (task.collate or Collator)(model.tokenizer.pad_token_id, task.pad_values)
     sampler = LengthGroupedSampler([feature_length(f) for f in train_ds.features], tc.batch_size, tc.seed) \
         if tc.group_by_length else None
+    # Each DataLoader draws a seed every time it is iterated; from its own generator, not the global one,
+    # so a resumed run (whose epoch iterator starts mid-epoch) sees the same dropout masks as an unbroken
+    # one, and evaluating does not change training. The shuffled order itself is the seedable sampler's.
     train_dl = DataLoader(train_ds, batch_size=tc.batch_size, shuffle=sampler is None, sampler=sampler,
-                          collate_fn=collate, num_workers=tc.num_workers)
-    eval_dl = DataLoader(eval_ds, batch_size=tc.eval_batch_size, collate_fn=collate) if eval_ds else None
+                          collate_fn=collate, num_workers=tc.num_workers,
+                          generator=torch.Generator().manual_seed(tc.seed))
+    eval_dl = DataLoader(eval_ds, batch_size=tc.eval_batch_size, collate_fn=collate,
+                         generator=torch.Generator().manual_seed(tc.seed)) if eval_ds else None
     optimizer = torch.optim.AdamW(optimizer_groups(model, tc.weight_decay), lr=tc.lr,
                                   betas=(tc.adam_beta1, tc.adam_beta2), eps=tc.adam_eps)
     # the schedule is built on the raw optimizer before prepare() and stepped by us once per optimizer
@@ -230,12 +259,42 @@ def train(cfg: Config) -> dict:
     metric_name = tc.metric_for_best or task.default_metric
 
     state = {"global_step": 0, "epoch": 0, "batch_in_epoch": 0, "best_metric": None, "best_step": None}
-    if tc.resume_from_checkpoint:
-        ckpt = find_checkpoint(tc.resume_from_checkpoint, out_dir)
-        accelerator.load_state(str(ckpt))
-        state = json.loads((ckpt / STATE_NAME).read_text())
-        accelerator.print(f"resumed from {ckpt} at step {state['global_step']}")
+    # the train loss summed since the last log line (per process), restored so that the next line averages
+    # the same batches as in an unbroken run
+    loss_sum = torch.zeros((), device=accelerator.device)
+    loss_n = 0
+    resumed = None
+    if ckpt is not None:
+        accelerator.load_state(str(ckpt))  # weights, optimizer, schedule, python/numpy/torch RNG per process
+        state = dict(ckpt_state)
+        acc = state.pop("loss_accumulator", None)
+        if acc and len(acc["sum_per_process"]) == accelerator.num_processes:
+            loss_sum.fill_(acc["sum_per_process"][accelerator.process_index])
+            loss_n = acc["batches"]
+        elif acc:
+            accelerator.print(f"warning: the checkpoint was written by {len(acc['sum_per_process'])} processes, this "
+                              f"run has {accelerator.num_processes}: batches and results differ from an unbroken run")
+        sampler_state = state.pop("sampler", None)
+        if sampler is not None and sampler_state:
+            sampler.load_state_dict(sampler_state)
+        resumed = {"checkpoint": str(ckpt), "step": state["global_step"], "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        accelerator.print(f"resuming from checkpoint {ckpt} at step {state['global_step']} of {total_steps} "
+                          f"(epoch {state['epoch']}, batch {state['batch_in_epoch']}); log.jsonl cut to step "
+                          f"{state['global_step']}" + ("" if tc.resume_from_checkpoint else "; --overwrite starts afresh"))
+        changes = config_changes(ckpt, cfg)
+        if changes:
+            accelerator.print("warning: this run's settings differ from the checkpoint's (the result will not "
+                              "match an unbroken run): " + "; ".join(changes))
+    elif mode == "overwrite":
+        accelerator.print(f"--overwrite: cleared {out_dir}; training from step 0")
     info = run_info(cfg, accelerator)
+    if resumed:
+        try:
+            before = json.loads((out_dir / "run_info.json").read_text())
+        except (OSError, ValueError):
+            before = {}
+        info["started"] = before.get("started", info["started"])
+        info["resumed"] = [*before.get("resumed", []), resumed]
     if accelerator.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out_dir / "config.yaml")
@@ -264,11 +323,17 @@ def train(cfg: Config) -> dict:
 
     def save_checkpoint() -> None:
         ckpt = out_dir / "checkpoints" / f"step_{state['global_step']:07d}"
+        sums = accelerator.gather(loss_sum.detach().float().reshape(1)).cpu().tolist()  # collective
         accelerator.save_state(str(ckpt))
         if accelerator.is_main_process:
-            (ckpt / STATE_NAME).write_text(json.dumps(state, indent=2))
             save_config(cfg, ckpt / "config.yaml")
-            old = sorted((out_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+            full = {**state, "loss_accumulator": {"sum_per_process": sums, "batches": loss_n}}
+            if sampler is not None:
+                full["sampler"] = sampler.state_dict()
+            tmp = ckpt / (STATE_NAME + ".tmp")
+            tmp.write_text(json.dumps(full, indent=2))
+            tmp.replace(ckpt / STATE_NAME)  # last and atomic: a checkpoint without it is incomplete
+            old = checkpoint_dirs(out_dir)
             for stale in old[: max(0, len(old) - max(1, tc.save_total_limit))]:
                 shutil.rmtree(stale, ignore_errors=True)
         accelerator.wait_for_everyone()
@@ -291,8 +356,6 @@ def train(cfg: Config) -> dict:
                disable=not accelerator.is_local_main_process)
     model.train()
     t_train, seen, last_metrics = time.time(), 0, {}
-    loss_sum = torch.zeros((), device=accelerator.device)
-    loss_n = 0
     done = state["global_step"] >= total_steps
     for epoch in range(state["epoch"], num_epochs):
         if done:
@@ -332,13 +395,15 @@ def train(cfg: Config) -> dict:
                 loss_n = 0
             if tc.eval_every and (step % tc.eval_every == 0 or done):
                 last_metrics = run_eval()
-            if tc.save_every and step % tc.save_every == 0 and not done:
+            # at an epoch's end the checkpoint waits for the end-of-epoch eval below, so that a resumed run
+            # does not skip it
+            if tc.save_every and step % tc.save_every == 0 and not done and state["batch_in_epoch"] > 0:
                 save_checkpoint()
             if done:
                 break
         if not tc.eval_every:
             last_metrics = run_eval()
-        if not tc.save_every and not done:
+        if not done and state["batch_in_epoch"] == 0 and (not tc.save_every or state["global_step"] % tc.save_every == 0):
             save_checkpoint()
     bar.close()
     train_time = time.time() - t_train
@@ -363,7 +428,7 @@ def train(cfg: Config) -> dict:
     if in_sync is False:
         accelerator.print("WARNING: model parameters differ across processes")
     if accelerator.is_main_process:
-        (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        (out_dir / RESULTS_NAME).write_text(json.dumps(results, indent=2) + "\n")
     accelerator.end_training()
     return results
 

@@ -10,8 +10,8 @@ processes with ``gather_for_metrics`` (which drops the padding duplicates of the
 last batch) and sum them, overall and per group (dataset). IRRR or any other
 model registers a Task the same way and is trained by the same ``train.py``.
 
-One module per task family (``efficientrag``: labeler, filter; ``irrr``), imported when a task
-of it is first asked for, so the registry depends on no task and no task on another.
+One module per task family (``efficientrag``: labeler, filter; ``irrr``; ``reader``), imported when
+a task of it is first asked for, so the registry depends on no task and no task on another.
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ import importlib
 
 from .base import TASKS, TOKEN_STATS, Task, ratio, register_task, token_metrics, token_stats
 
-BUILTIN = {"labeler": "efficientrag", "filter": "efficientrag", "irrr": "irrr"}  # task -> module here
+# task -> module here
+BUILTIN = {"labeler": "efficientrag", "filter": "efficientrag", "irrr": "irrr", "reader": "reader"}
 
 
 def get_task(name: str) -> Task:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from ...models.irrr import ANSWER_TYPES, NOANSWER, IRRRModel, best_spans
+from ...models.irrr_encoding import find_answer
 from ...models.tokenization import IGNORE, pad_batch
-from ...irrr.encoding import encode_path, find_answer
 from .base import TOKEN_STATS, Task, ratio, register_task, token_metrics, token_stats
 
 SEQ_KEYS = ("input_ids", "token_type_ids", "attention_mask", "labels", "answer_type", "start_positions",
@@ -41,12 +41,11 @@ def _seq(enc, labels=None, answer_type=IGNORE, start=IGNORE, end=IGNORE, rank_la
 
 
 def featurize_irrr(model: IRRRModel, records: list[dict], max_length: int) -> list[dict]:
-    tok, mq = model.tokenizer, int(model.options["max_question_tokens"])
     feats = []
     for r in records:
-        seqs = [_seq(encode_path(tok, r["question"], r["path"], max_length, mq), labels=r["query_labels"])]
+        seqs = [_seq(model.encode(r["question"], r["path"], max_length), labels=r["query_labels"])]
         for c in r["candidates"]:
-            enc = encode_path(tok, r["question"], r["path"] + [c], max_length, mq)
+            enc = model.encode(r["question"], r["path"] + [c], max_length)
             at = ANSWER_TYPES.index(c["answer_type"])
             start = end = IGNORE
             if at == NOANSWER:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..models.tokenization import IGNORE, check_fast
-from ..text import words
+from ..text import normalize_word, words
+from .tokenization import IGNORE, check_fast
 
 CONT_TOKEN = "[CONT]"
 MAX_TITLE_TOKENS = 24
@@ -138,17 +138,15 @@ def encode_path(tokenizer, question: str | list[str], paragraphs: list[dict], ma
 def find_answer(segments: list[list[str]], answer: str, prefer: list[int] | None = None) -> tuple[int, int, int] | None:
     """First occurrence of the answer's words in the path, as (segment, first word, last word).
 
-    Matching ignores case and punctuation-only differences (the oracle's ``norm``);
-    segments in ``prefer`` (e.g. the candidate paragraph) are searched first.
+    Matching ignores case and punctuation-only differences (``effrag.text.normalize_word``, as the
+    oracle's); segments in ``prefer`` (e.g. the candidate paragraph) are searched first.
     """
-    from .oracle import norm
-
-    target = [t for t in (norm(w) for w in words(answer)) if t]
+    target = [t for t in (normalize_word(w) for w in words(answer)) if t]
     if not target:
         return None
     order = list(prefer or []) + [i for i in range(len(segments)) if i not in (prefer or [])]
     for si in order:
-        toks = [norm(w) for w in segments[si]]
+        toks = [normalize_word(w) for w in segments[si]]
         idx = [i for i, t in enumerate(toks) if t]  # skip punctuation inside the path
         flat = [toks[i] for i in idx]
         n = len(target)

@@ -20,25 +20,12 @@ is what IRRR's query head is trained on.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..text import words
+from effrag.text import QUERY_STOPWORDS, normalize_word, words
 
 MAX_SPAN = 8  # longest span (in words) considered; longer shared runs are split
-_ALNUM = re.compile(r"[^0-9a-z]+")
-# Spans made only of these are not query terms (BM25 drops them anyway, they only add noise).
-STOPWORDS = frozenset(
-    "a an and are as at be been but by for from had has have he her his i in into is it its of on or she "
-    "that the their them there these they this to was were what when where which who whom whose why will "
-    "with how did does do than then also after before during its one two".split()
-)
-
-
-def norm(word: str) -> str:
-    """Lower-case alphanumerics of a word; '' for punctuation (which breaks spans)."""
-    return _ALNUM.sub("", word.lower())
 
 
 def path_segments(question: str, path: Sequence[dict]) -> list[list[str]]:
@@ -84,13 +71,14 @@ def _ngrams(tokens: list[str], n_max: int) -> set[tuple[str, ...]]:
 def overlapping_spans(segments: list[list[str]], target_words: list[str], max_span: int = MAX_SPAN) -> list[Span]:
     """Maximal runs of path words (greedy longest match, left to right) that also occur in the target.
 
-    Spans of stopwords only are dropped; the same span text found in several places is one
+    Words are compared by ``normalize_word`` (punctuation, normalised to '', breaks a span); spans
+    of ``QUERY_STOPWORDS`` only are dropped; the same span text found in several places is one
     span with several occurrences.
     """
-    grams = _ngrams([norm(w) for w in target_words], max_span)
+    grams = _ngrams([normalize_word(w) for w in target_words], max_span)
     spans: dict[str, Span] = {}
     for si, seg in enumerate(segments):
-        toks = [norm(w) for w in seg]
+        toks = [normalize_word(w) for w in seg]
         i = 0
         while i < len(toks):
             best = 0
@@ -103,7 +91,7 @@ def overlapping_spans(segments: list[list[str]], target_words: list[str], max_sp
                 i += 1
                 continue
             gram = toks[i : i + best]
-            if not all(t in STOPWORDS for t in gram):
+            if not all(t in QUERY_STOPWORDS for t in gram):
                 key = " ".join(gram)
                 spans.setdefault(key, Span(key)).occurrences.append((si, i, i + best))
             i += best

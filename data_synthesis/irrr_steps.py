@@ -3,7 +3,7 @@
 For each training question (gold paragraphs mapped to corpus ids) a reasoning path is
 grown step by step (section 3.4.2):
 
-1. for every gold paragraph not yet on the path, the dynamic oracle (``oracle.py``)
+1. for every gold paragraph not yet on the path, the dynamic oracle (``irrr_oracle.py``)
    finds its best query from the path; the target whose oracle rank is best is this
    step's target, and its query-term labels make the *query* example;
 2. the oracle query is run against the real engine: its top ``candidates`` paragraphs
@@ -27,10 +27,11 @@ import random
 from pathlib import Path
 from typing import Sequence
 
-from ..data import Corpus, Question, map_gold
-from ..jsonl import ResumableWriter, read_jsonl
-from ..text import words
-from .oracle import make_rank_fn, oracle_query
+from effrag.data import Corpus, Question, map_gold
+from effrag.jsonl import ResumableWriter, read_jsonl
+from effrag.text import words
+
+from .irrr_oracle import make_rank_fn, oracle_query
 
 FILE = "irrr"
 

@@ -1,0 +1,151 @@
+"""Content hashes of saved indexes and checkpoints, checked when they are loaded.
+
+Saving records, for every file it wrote, the size and the sha256 (and, for files
+over :data:`FULL_HASH_LIMIT`, a *sampled* sha256 as well); loading compares them,
+so that a flipped block, a truncated copy or a half-finished download is an
+:class:`IntegrityError` naming the file instead of silently worse results.
+
+How much is checked (``verify=`` of the loaders, else the ``EFFRAG_VERIFY``
+environment variable, else ``"cheap"``):
+
+``"cheap"`` (default)
+    the size of every recorded file, the full sha256 of files up to
+    :data:`FULL_HASH_LIMIT` (128 MiB), and for larger files the sha256 of
+    :data:`SAMPLE_BLOCKS` blocks of :data:`SAMPLE_BLOCK` bytes (1 MiB) spread evenly
+    over the file, the first and the last included. Why not the full hash: an
+    index of a Wikipedia-sized corpus holds tens of GB of vectors, and hashing
+    them at ~1 GB/s would add a minute to every load, while the cheap check reads
+    at most 128 MiB of any file. Size catches truncation and partial copies
+    (the common failures), the first/last blocks catch damaged headers and tails
+    (FAISS and safetensors keep their layout there) and the spread blocks catch a
+    share of damage in the middle; damage in an unsampled region of a large file
+    is only caught by ``"full"``. The small files (BM25 arrays and corpora of up to
+    ~100k passages, checkpoints up to MiniLM size) always get a full hash. Saving
+    always computes the full sha256 (one extra read of what was just written), so
+    that ``"full"`` can be asked for later.
+``"full"``
+    the full sha256 of every recorded file (``EFFRAG_VERIFY=full``), e.g. once
+    after a download or a copy between machines.
+``"off"``
+    nothing.
+
+Files saved before hashes were recorded carry no record and load unchecked
+(a debug log says so). Unreadable files found while loading (a bad FAISS,
+safetensors or ``.npy`` header) are a :class:`CorruptFileError` naming the file.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ENV = "EFFRAG_VERIFY"
+MODES = ("off", "cheap", "full")
+FULL_HASH_LIMIT = 128 * 1024 * 1024
+SAMPLE_BLOCK = 1024 * 1024
+SAMPLE_BLOCKS = 16
+_CHUNK = 4 * 1024 * 1024
+
+
+class IntegrityError(ValueError):
+    """A saved file is not what was saved: other size or content, missing, unreadable, or holds NaN/Inf."""
+
+
+class CorruptFileError(IntegrityError):
+    """A file could not be read back (damaged header or truncated data)."""
+
+
+class NonFiniteWeightsError(IntegrityError):
+    """A checkpoint holds NaN or Inf weights."""
+
+
+def resolve_mode(verify: str | None = None) -> str:
+    """``verify`` if given, else ``$EFFRAG_VERIFY``, else ``"cheap"``; anything else is a ValueError."""
+    source = "verify" if verify is not None else ENV
+    mode = verify if verify is not None else (os.environ.get(ENV) or "cheap")
+    mode = str(mode).strip().lower()
+    if mode not in MODES:
+        raise ValueError(f"{source}={mode!r}: expected one of {', '.join(MODES)}")
+    return mode
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sampled_sha256(path: str | Path, block: int = SAMPLE_BLOCK, blocks: int = SAMPLE_BLOCKS) -> str:
+    """sha256 of ``blocks`` blocks of ``block`` bytes at evenly spaced offsets, the first and last included."""
+    size = Path(path).stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    last = max(0, size - block)
+    offsets = sorted({round(i * last / (blocks - 1)) for i in range(blocks)}) if blocks > 1 else [0]
+    with open(path, "rb") as f:
+        for off in offsets:
+            f.seek(off)
+            h.update(f.read(block))
+    return h.hexdigest()
+
+
+def file_record(path: str | Path) -> dict:
+    """``{"size", "sha256"}`` of a file, plus ``"sample"`` (see :func:`sampled_sha256`) when it is large."""
+    path = Path(path)
+    rec = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+    if rec["size"] > FULL_HASH_LIMIT:  # the sampling is recorded with the hash: a later change of it stays readable
+        block, blocks = SAMPLE_BLOCK, SAMPLE_BLOCKS
+        rec["sample"] = {"block": block, "blocks": blocks, "sha256": sampled_sha256(path, block, blocks)}
+    return rec
+
+
+def record_files(directory: str | Path, names) -> dict:
+    """Records of the files ``names`` (paths relative to ``directory``), sorted by name."""
+    d = Path(directory)
+    return {str(n): file_record(d / n) for n in sorted({str(n) for n in names})}
+
+
+def verify_files(directory: str | Path, records: dict | None, verify: str | None = None, *,
+                 what: str = "saved files", fix: str = "rebuild it") -> str:
+    """Check the files of ``directory`` against ``records`` (from :func:`record_files`); return the mode used.
+
+    ``records`` None (saved before hashes were recorded) skips the check. Raises
+    :class:`IntegrityError` on the first file that is missing or differs.
+    """
+    mode = resolve_mode(verify)
+    d = Path(directory)
+    if mode == "off":
+        return mode
+    if records is None:
+        log.debug("%s: no content hashes recorded (saved by an older effrag); %s not verified", d, what)
+        return "off"
+    for name, rec in records.items():
+        path = d / name
+        if not path.is_file():
+            raise IntegrityError(f"{path}: file of the {what} is missing; {fix}")
+        size = path.stat().st_size
+        if size != rec["size"]:
+            raise IntegrityError(f"{path}: size is {size} bytes, but {rec['size']} were saved "
+                                 f"(truncated or partly copied); {fix}")
+        sample = rec.get("sample")
+        if mode == "cheap" and sample:
+            if sampled_sha256(path, sample["block"], sample["blocks"]) != sample["sha256"]:
+                raise IntegrityError(f"{path}: content differs from what was saved (sampled sha256 mismatch; "
+                                     f"file corrupted or modified); {fix}")
+        elif sha256_file(path) != rec["sha256"]:
+            raise IntegrityError(f"{path}: content differs from what was saved (sha256 mismatch; "
+                                 f"file corrupted or modified); {fix}")
+    return mode
+
+
+def short_error(e: BaseException, limit: int = 200) -> str:
+    """One line of a low-level error message (FAISS's carry a C++ location first)."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    if text.startswith("Error in ") and ": " in text:  # FAISS: "Error in <signature> at <file>:<line>: <what>"
+        tail = text.split(" at ", 1)[-1]
+        text = tail.split(": ", 1)[-1]
+    return text if len(text) <= limit else text[: limit - 3] + "..."

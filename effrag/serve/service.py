@@ -1,0 +1,97 @@
+"""The loaded service: retriever, method and LLM named by the config, built once at start-up."""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import RetrieverSection, ServeConfig
+
+
+
+
+# ---------------------------------------------------------------------------- the loaded service
+@dataclass
+class Service:
+    """What the app serves: a chunk source, an optional answer generator, and facts for /health."""
+
+    source: Any  # effrag.integrations.ChunkSource
+    generator: Any = None  # effrag.pipelines.generation.Generator
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def _build_retriever(r: RetrieverSection):
+    """(retriever, corpus) of the ``retriever:`` section, through the run-setup layer like every command."""
+    from effrag.data import sample_path
+    from effrag.experiment import open_corpus, open_index, open_retriever
+
+    if r.index:
+        ret = open_index(r.index, **r.options)
+        return ret, ret.corpus
+    if r.corpus:
+        corpus = open_corpus(r.corpus)
+    else:
+        files = []
+        for ds in r.sample:
+            for split in ("train", "dev"):
+                try:
+                    files.append(sample_path(ds, split))
+                except FileNotFoundError:
+                    if split == "dev":
+                        raise
+        corpus = open_corpus(corpus_from=files)
+    # BM25 over a corpus is built in memory at start-up (faster than loading it); dense indexes are cached
+    return open_retriever(r.kind, corpus, cache_dir=r.cache_dir, cache=r.kind != "bm25",
+                          **({"show_progress": False} if r.kind == "bm25" else {}), **r.options), corpus
+
+
+@contextlib.contextmanager
+def _load_errors(where: str, what: str):
+    """Loading errors that are not already ValueError/OSError (a torch or safetensors error on a damaged
+    checkpoint, a TypeError for a bad option) become a ValueError naming the config key."""
+    try:
+        yield
+    except (ValueError, OSError, ImportError):
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"{where}: cannot load {what}: {type(e).__name__}: {e}") from e
+
+
+def build_service(cfg: ServeConfig) -> Service:
+    """Load the retriever, the method and the LLM named by ``cfg`` (slow: done once at startup)."""
+    from effrag.integrations import ChunkSource
+
+    t0 = time.perf_counter()
+    r = cfg.retriever
+    what = f"retriever.index {r.index}" if r.index else f"retriever.corpus {r.corpus}" if r.corpus else "retriever"
+    with _load_errors(cfg.path, what):
+        retriever, corpus = _build_retriever(r)
+    m = cfg.method
+    if m.name in ("efficientrag", "efficient-rag"):
+        from effrag.api import EfficientRAG
+
+        with _load_errors(cfg.path, f"method.labeler {m.labeler} / method.filter {m.filter}"):
+            rag = EfficientRAG.from_pretrained(m.labeler, m.filter, retriever=retriever, **m.options)
+        source = ChunkSource(rag)
+    elif m.name == "direct-r":  # Direct-R is one search: per-request top_k reaches the retriever
+        source = ChunkSource(retriever, k=m.k)
+    else:
+        from effrag.pipelines import build_pipeline
+
+        source = ChunkSource(build_pipeline(m.name, retriever, k=m.k, **m.options))
+    generator = None
+    if cfg.llm is not None:
+        from effrag.llm import load_llm
+        from effrag.pipelines.generation import Generator
+
+        generator = Generator(load_llm(cfg.llm.spec, **cfg.llm.options), dataset=cfg.llm.dataset,
+                              context=cfg.llm.context, max_tokens=cfg.llm.max_tokens, max_chunks=cfg.llm.max_chunks)
+    info = {"method": m.name, "source": source.describe(), "retriever": getattr(retriever, "kind", cfg.retriever.kind),
+            "corpus_size": len(corpus) if corpus is not None else None,
+            "corpus_fingerprint": corpus.fingerprint() if corpus is not None else None,
+            "model": {"labeler": m.labeler, "filter": m.filter} if m.labeler else None,
+            "llm": cfg.llm.spec if cfg.llm else None, "load_s": round(time.perf_counter() - t0, 3)}
+    return Service(source=source, generator=generator, info=info)
+
+

@@ -1,0 +1,125 @@
+"""Where a training run stands in its output directory: its checkpoints, and what a rerun does.
+
+A rerun of the same command resumes from the latest complete checkpoint, a finished run
+(``results.json``) is left alone, and ``--overwrite`` starts afresh (:func:`plan_start`); a
+resume cuts ``log.jsonl`` back to the checkpoint's step (:func:`prepare_output_dir`). The loop
+itself (:mod:`.loop`) restores the state inside a checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from .config import Config, ConfigError
+
+STATE_NAME = "trainer_state.json"
+RESULTS_NAME = "results.json"  # written last: its presence marks a finished run
+# what train() writes into an output directory: --overwrite deletes a directory holding only these
+RUN_ENTRIES = {"config.yaml", "run_info.json", "log.jsonl", RESULTS_NAME, "eval_metrics.json", "checkpoints",
+               "best", "last", "best.tmp", "last.tmp", "log.jsonl.tmp", "wandb"}
+
+
+def _step_of(path: Path) -> int:
+    try:
+        return int(path.name.split("_")[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def checkpoint_dirs(output_dir: Path) -> list[Path]:
+    """``checkpoints/step_*`` folders by step, complete or not (a kill during a save leaves no trainer_state.json)."""
+    return sorted((p for p in (Path(output_dir) / "checkpoints").glob("step_*") if _step_of(p) >= 0), key=_step_of)
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    done = [c for c in checkpoint_dirs(output_dir) if (c / STATE_NAME).is_file()]
+    return done[-1] if done else None
+
+
+def find_checkpoint(spec: str, output_dir: Path) -> Path:
+    if spec == "latest":
+        ckpt = latest_checkpoint(output_dir)
+        if ckpt is None:
+            raise FileNotFoundError(f"--resume_from_checkpoint latest: no checkpoint in {output_dir / 'checkpoints'}")
+        return ckpt
+    path = Path(spec)
+    if not (path / STATE_NAME).is_file():
+        raise FileNotFoundError(f"--resume_from_checkpoint {spec}: {path / STATE_NAME} not found")
+    return path
+
+
+def plan_start(cfg: Config, overwrite: bool = False) -> tuple[str, Path | None]:
+    """What a run into ``train.output_dir`` does, decided before anything is written.
+
+    ``("overwrite", None)``: clear the directory, start at step 0 (``overwrite``);
+    ``("resume", ckpt)``: ``train.resume_from_checkpoint`` if given, else the latest complete checkpoint;
+    ``("finished", None)``: ``results.json`` is there (and no explicit resume): nothing to train;
+    ``("fresh", None)``: no checkpoint: step 0 (a killed run's log.jsonl is restarted).
+    """
+    tc = cfg.train
+    out_dir = Path(tc.output_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"train.output_dir: {out_dir} is a file, not a directory")
+    if overwrite:
+        if tc.resume_from_checkpoint:
+            raise ConfigError("--overwrite starts afresh and --resume_from_checkpoint resumes: give one of them")
+        others = sorted(p.name for p in out_dir.iterdir() if p.name not in RUN_ENTRIES) if out_dir.is_dir() else []
+        if others:
+            raise ConfigError(f"--overwrite: {out_dir} holds files a training run does not write ({', '.join(others[:5])}"
+                              f"{', ...' if len(others) > 5 else ''}); not deleting it: choose another train.output_dir")
+        return "overwrite", None
+    if tc.resume_from_checkpoint:
+        try:
+            return "resume", find_checkpoint(tc.resume_from_checkpoint, out_dir)
+        except FileNotFoundError as e:
+            raise ConfigError(str(e)) from None
+    if (out_dir / RESULTS_NAME).is_file():
+        return "finished", None
+    ckpt = latest_checkpoint(out_dir)
+    return ("resume", ckpt) if ckpt is not None else ("fresh", None)
+
+
+def config_changes(ckpt: Path, cfg: Config) -> list[str]:
+    """Settings that differ between a checkpoint's config.yaml and this run's (run-control keys aside)."""
+    import yaml
+
+    try:
+        old = yaml.safe_load((ckpt / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return []
+    ignore = {"train.resume_from_checkpoint", "train.output_dir", "train.run_name", "train.report_to"}
+    changes = []
+    for section, values in cfg.to_dict().items():
+        if not isinstance(values, dict):
+            if old.get(section) != values:
+                changes.append(f"{section}: {old.get(section)!r} -> {values!r}")
+            continue
+        for k, v in values.items():
+            was = (old.get(section) or {}).get(k, v)
+            if f"{section}.{k}" not in ignore and was != v:
+                changes.append(f"{section}.{k}: {was!r} -> {v!r}")
+    return changes
+
+
+def prepare_output_dir(out_dir: Path, mode: str, step: int) -> None:
+    """Main process: clear (overwrite), or cut the log and drop what a resumed run will write again."""
+    if mode == "overwrite":
+        shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / RESULTS_NAME).unlink(missing_ok=True)  # written again at the end: a kill before it = unfinished
+    for stale in checkpoint_dirs(out_dir):  # a later history than the one resumed (or partial saves)
+        if _step_of(stale) > step:
+            shutil.rmtree(stale, ignore_errors=True)
+    log_file = out_dir / "log.jsonl"
+    if log_file.is_file():
+        kept = []
+        for line in log_file.read_text().splitlines():
+            try:
+                if json.loads(line)["step"] <= step:
+                    kept.append(line + "\n")
+            except (ValueError, KeyError, TypeError):
+                break  # a line cut by the kill: nothing after it is kept
+        tmp = log_file.with_name("log.jsonl.tmp")
+        tmp.write_text("".join(kept))
+        tmp.replace(log_file)

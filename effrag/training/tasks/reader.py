@@ -1,0 +1,209 @@
+"""The ``reader`` training task: SearChain's extractive reader on SQuAD-style examples.
+
+A record (one JSONL line) is ``{"question", "context", "answer", "answer_start", "dataset"}``;
+``answer_start`` null means the context does not answer the question (both span heads then
+point at [CLS] and the confidence target is 0). :func:`write_reader_data` builds these files
+from dataset files (:func:`build_reader_examples`): gold passages of each question give
+
+* MuSiQue sub-questions (``#k`` references resolved with earlier answers) with their answer in
+  their own paragraph; 2Wiki evidence triples as "What is the <relation> of <subject>?";
+* the full question with its answer found verbatim in a gold paragraph;
+* no-answer examples: gold paragraphs without the answer, and ``negatives_per_question``
+  distractor paragraphs per question.
+
+Records are written once rather than made from the dataset files at training time because the
+loop reads one record per training example: its subsets (``max_train_examples``), caps and
+per-dataset metrics then count reader examples, as they count Labeler records.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+
+from ...models.reader import CONFIDENCE_THRESHOLD, ExtractiveReader, best_spans
+from ..data import RecordError
+from .base import Task, ratio, register_task
+
+RECORDS_NAME = "reader.jsonl"
+_YESNO = {"yes", "no", "noanswer", ""}
+_REF = re.compile(r"#(\d+)")
+
+
+# -- records from dataset files -------------------------------------------------------------------
+def _find(answer: str, text: str) -> int | None:
+    a = answer.strip().strip('"').strip()
+    if a.lower() in _YESNO or len(a) < 1:
+        return None
+    idx = text.lower().find(a.lower())
+    return idx if idx >= 0 else None
+
+
+def _hop_question(template: str, answers: list[str]) -> str:
+    """MuSiQue sub-question with ``#k`` replaced; ``"#1 >> spouse"`` becomes ``"What is the spouse of X?"``."""
+    def resolve(m: re.Match) -> str:
+        k = int(m.group(1))
+        return answers[k - 1] if 0 < k <= len(answers) else m.group(0)
+
+    q = _REF.sub(resolve, template)
+    if ">>" in q:
+        subj, rel = (s.strip() for s in q.split(">>", 1))
+        q = f"What is the {rel} of {subj}?"
+    return q
+
+
+def _record(question: str, context: str, dataset: str, answer: str = "", start: int | None = None) -> dict:
+    return {"question": question, "context": context, "answer": answer, "answer_start": start, "dataset": dataset}
+
+
+def build_reader_examples(questions: Iterable, negatives_per_question: int = 1, seed: int = 0) -> list[dict]:
+    """Reader records from :class:`~effrag.data.records.Question` records (see the module doc)."""
+    rng = random.Random(seed)
+    out: list[dict] = []
+    for q in questions:
+        gold_ids = {p.id for p in q.gold}
+        distractors = [p for p in q.contexts if p.id not in gold_ids]
+        pairs: list[tuple[str, str, object]] = []  # (question, answer, passage)
+        if q.decomposition:
+            answers = [s.answer for s in q.decomposition]
+            for s in q.decomposition:
+                if s.passage is not None and 0 <= s.passage < len(q.gold):
+                    pairs.append((_hop_question(s.question, answers), s.answer, q.gold[s.passage]))
+        by_title = {p.title.strip().lower(): p for p in q.gold}
+        for subj, rel, obj in q.evidences or []:  # 2Wiki (subject, relation, object) triples
+            passage = by_title.get(str(subj).strip().lower())
+            if passage is not None:
+                pairs.append((f"What is the {str(rel).replace('_', ' ')} of {subj}?", str(obj), passage))
+        for p in q.gold:
+            pairs.append((q.question, q.answer, p))
+        seen = set()
+        for question, answer, passage in pairs:
+            key = (question, passage.id)
+            if key in seen:
+                continue
+            seen.add(key)
+            idx = None
+            for a in [answer] + ([x for x in q.answers if x != answer] if question == q.question else []):
+                idx = _find(a, passage.text)
+                if idx is not None:
+                    answer = a.strip().strip('"').strip()
+                    break
+            if idx is not None:
+                out.append(_record(question, passage.text, q.dataset, passage.text[idx:idx + len(answer)], idx))
+            elif answer.strip().lower() not in _YESNO and question == q.question:
+                out.append(_record(question, passage.text, q.dataset))
+        for p in rng.sample(distractors, min(negatives_per_question, len(distractors))):
+            question = rng.choice([x[0] for x in pairs]) if pairs else q.question
+            out.append(_record(question, p.text, q.dataset))
+    return out
+
+
+def write_reader_data(inputs: Sequence[str | Path], out_dir: str | Path, *, limit: int | None = None,
+                      negatives_per_question: int = 1, seed: int = 0) -> dict:
+    """Write the reader records of dataset files (any ``load_questions`` format) to ``out_dir/reader.jsonl``.
+
+    ``limit`` takes the first questions of each file. The file appears whole or not at all
+    (written beside and renamed), so a caller may treat its presence as "done".
+    """
+    from ...data import load_questions
+
+    questions = [q for f in inputs for q in load_questions(f, limit=limit)]
+    records = build_reader_examples(questions, negatives_per_question, seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / (RECORDS_NAME + ".tmp")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    os.replace(tmp, out / RECORDS_NAME)
+    return {"inputs": [str(f) for f in inputs], "questions": len(questions), "records": len(records),
+            "answerable": sum(r["answer_start"] is not None for r in records)}
+
+
+# -- the task --------------------------------------------------------------------------------------
+def check_reader_record(rec: dict, loc: str) -> None:
+    for key in ("question", "context"):
+        if not isinstance(rec.get(key), str) or not rec[key].strip():
+            raise RecordError(f"{loc}: field {key!r} must be a non-empty string")
+    start, answer = rec.get("answer_start"), rec.get("answer", "")
+    if start is None:
+        return
+    if not isinstance(start, int) or isinstance(start, bool) or not isinstance(answer, str) or not answer:
+        raise RecordError(f"{loc}: field 'answer_start' must be null or an integer with a non-empty 'answer'")
+    if rec["context"][start:start + len(answer)] != answer:
+        raise RecordError(f"{loc}: field 'answer' {answer!r} is not at context[{start}:]")
+
+
+def answer_tokens(sequence_ids: list, offsets: list, start: int | None, answer: str) -> tuple[int, int]:
+    """Token positions of the answer's first and last characters in the context; ``(0, 0)`` ([CLS])
+    when there is no answer or truncation cut it away."""
+    if start is None:
+        return 0, 0
+    c0, c1 = start, start + len(answer)
+    s_tok = e_tok = 0
+    for j, sid in enumerate(sequence_ids):
+        if sid != 1:
+            continue
+        o0, o1 = offsets[j]
+        if s_tok == 0 and o0 <= c0 < max(o1, o0 + 1):
+            s_tok = j
+        if o0 < c1 <= o1:
+            e_tok = j
+            break
+    return (0, 0) if s_tok == 0 or e_tok < s_tok else (s_tok, e_tok)
+
+
+def featurize_reader(model: ExtractiveReader, records: list[dict], max_length: int) -> list[dict]:
+    enc = model.encode([r["question"] for r in records], [r["context"] for r in records], max_length)
+    feats = []
+    for b, r in enumerate(records):
+        s, e = answer_tokens(enc.sequence_ids(b), enc["offset_mapping"][b], r.get("answer_start"), r.get("answer", ""))
+        f = {"input_ids": enc["input_ids"][b], "attention_mask": enc["attention_mask"][b],
+             "start_positions": s, "end_positions": e, "answerable": int(s > 0)}
+        if "token_type_ids" in enc:
+            f["token_type_ids"] = enc["token_type_ids"][b]
+        feats.append(f)
+    return feats
+
+
+STAT_NAMES = ["span_correct", "answerable", "confidence_correct", "span_loss_sum", "confidence_loss_sum", "n"]
+
+
+def reader_stats(out, batch) -> torch.Tensor:
+    """Per example: exact best span (start and end; answerable examples only), ``f > theta`` agreeing
+    with answerability, and the two losses."""
+    allowed = batch["attention_mask"].bool().clone()
+    allowed[:, 0] = False  # as at inference: the best real span, [CLS] excluded
+    b_s, b_e, _ = best_spans(out.start_logits, out.end_logits, allowed)
+    answerable = batch["answerable"].bool()
+    span_ok = (b_s == batch["start_positions"]) & (b_e == batch["end_positions"]) & answerable
+    ce = torch.nn.functional.cross_entropy
+    span_loss = (ce(out.start_logits.float(), batch["start_positions"], reduction="none")
+                 + ce(out.end_logits.float(), batch["end_positions"], reduction="none")) / 2
+    conf_loss = torch.nn.functional.binary_cross_entropy_with_logits(out.confidence.float(), answerable.float(),
+                                                                     reduction="none")
+    cols = [span_ok, answerable, (out.confidence > CONFIDENCE_THRESHOLD) == answerable, span_loss, conf_loss,
+            torch.ones_like(span_loss)]
+    return torch.stack([c.float() for c in cols], 1)
+
+
+def reader_metrics(s: dict) -> dict:
+    return {"span_exact": ratio(s["span_correct"], s["answerable"]),
+            "answerable_accuracy": ratio(s["confidence_correct"], s["n"]),  # at SearChain's theta
+            "span_loss": ratio(s["span_loss_sum"], s["n"]), "confidence_loss": ratio(s["confidence_loss_sum"], s["n"]),
+            "answerable": s["answerable"], "n": s["n"]}
+
+
+register_task(Task(
+    name="reader",
+    model_cls=ExtractiveReader,
+    check_record=check_reader_record,
+    featurize=featurize_reader,
+    stat_names=STAT_NAMES,
+    batch_stats=reader_stats,
+    summarize=reader_metrics,
+    default_metric="span_exact",
+))

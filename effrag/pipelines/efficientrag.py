@@ -25,101 +25,17 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from effrag.text import chunk_text, filter_input_words, join_words, words, words_batch
 
 from .base import Pipeline, register_pipeline
+# the loop's options live in their own module; importing them from here keeps working
+from .efficientrag_config import (CONTINUE, DEDUP_MODES, POOL_ORDERS, POOL_SOURCES, QUERY_MODES, TERMINATE,
+                                  EfficientRAGConfig, build_config)
 from .generation import answer_results
 from .result import Chunk, Result
-
-QUERY_MODES = ("merged", "per_chunk")
-DEDUP_MODES = ("refill", "drop")
-CHUNK_FORMATS = ("title_text", "text")
-POOL_ORDERS = ("hop", "fused", "fused_logit")
-POOL_SOURCES = ("continue", "seen")
-CONTINUE, TERMINATE = "<Continue>", "<Terminate>"
-
-
-@dataclass
-class EfficientRAGConfig:
-    """Loop options (tune on dev: ``scripts/tune_efficientrag.py``).
-
-    ``max_hops`` counts retrieval rounds, hop 0 included. ``first_hop_k`` (default: ``hop_k``)
-    is hop 0's depth: the question is the best query the loop has, so reading deeper there and
-    letting the Labeler rank what it read costs one hop of pairs and no extra retrieval round. ``query_mode``:
-    ``merged`` = all kept words of a hop form one next query (as synthesised and as in
-    the paper's code); ``per_chunk`` = each <Continue> chunk spawns its own query from
-    the query that found it plus its own kept words (at most ``max_branches`` per hop,
-    most confident first). ``dedup``: a chunk seen in an earlier hop is never labeled
-    again; ``refill`` retrieves deeper so each query still gets up to ``hop_k`` new
-    chunks, ``drop`` just removes seen chunks from the top ``hop_k``.
-    ``min_candidates`` (default 0, the paper) tops up a small pool with the most
-    likely <Terminate> chunks; ``max_candidates`` caps the pool.
-    ``pool_order`` decides which chunks survive the cap: ``hop`` (earlier hop first, then
-    p(<Continue>)) or ``fused`` (p(<Continue>) + ``retrieval_weight`` x the retriever's score,
-    so a chunk the retriever is sure of is not pushed out by a later hop's weak one; the
-    weight depends on the retriever's score scale: tune it on dev per retriever) or ``fused_logit``
-    (log-odds of p(<Continue>) + ``retrieval_weight`` x the retriever's score: a logistic model of the
-    two signals, which keeps the Labeler's ranking among chunks it is very sure of).
-    <Continue> chunks always rank before top-up chunks.
-    ``pool_source``: ``continue`` (the paper) builds the pool from <Continue> chunks (then the
-    ``min_candidates`` top-up); ``seen`` ranks every chunk the Labeler read, <Continue> or not,
-    in ``pool_order`` as one list, so ``max_candidates`` keeps the best-scored chunks whatever
-    their tag. The tag then only steers the loop (which chunks give kept words for the next
-    query); the pool is the Labeler used as a reranker of everything the loop retrieved.
-    """
-
-    hop_k: int = 10
-    first_hop_k: int | None = None
-    max_hops: int = 4  # as the paper's released code (MAX_ITER = 4)
-    tag_threshold: float = 0.5
-    token_threshold: float = 0.5
-    filter_threshold: float = 0.5
-    query_mode: str = "merged"
-    dedup: str = "refill"
-    max_branches: int = 4
-    max_candidates: int | None = None
-    min_candidates: int = 0
-    pool_order: str = "hop"
-    pool_source: str = "continue"
-    retrieval_weight: float = 1.0
-    chunk_format: str = "title_text"
-    batch_size: int = 32
-    labeler_max_length: int | None = None
-    filter_max_length: int | None = None
-    bf16: bool = False
-
-    def __post_init__(self) -> None:
-        for name, allowed in (("query_mode", QUERY_MODES), ("dedup", DEDUP_MODES), ("chunk_format", CHUNK_FORMATS),
-                              ("pool_order", POOL_ORDERS), ("pool_source", POOL_SOURCES)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"EfficientRAGConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        for name in ("hop_k", "max_hops", "max_branches", "batch_size"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"EfficientRAGConfig.{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.first_hop_k is not None and self.first_hop_k < 1:
-            raise ValueError(f"EfficientRAGConfig.first_hop_k must be >= 1 or None, got {self.first_hop_k}")
-        if self.max_candidates is not None and self.max_candidates < 1:
-            raise ValueError(f"EfficientRAGConfig.max_candidates must be >= 1 or None, got {self.max_candidates}")
-        if self.min_candidates < 0:
-            raise ValueError(f"EfficientRAGConfig.min_candidates must be >= 0, got {self.min_candidates}")
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "EfficientRAGConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown EfficientRAGConfig option(s) {unknown}; known: {sorted(known)}")
-        return cls(**d)
-
-    def replace(self, **changes: Any) -> "EfficientRAGConfig":
-        return self.from_dict({**asdict(self), **changes})
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def _logit(p: float, eps: float = 1e-6) -> float:
     p = min(max(p, eps), 1.0 - eps)
@@ -334,26 +250,6 @@ _FLAGS = {  # effrag eval flag -> (type, help); dest = config field (except --er
     "--retrieval-weight": (float, "pool-order fused: weight of the retriever's score (default 1.0)"),
     "--er-batch-size": (int, "Labeler/Filter forward batch size (default 32)"),
 }
-
-
-def build_config(config: EfficientRAGConfig | dict | str | None = None, **overrides: Any) -> EfficientRAGConfig:
-    """A config from an object, a dict or a JSON file (the tuner's ``best.json``), then non-None overrides."""
-    import json
-    from pathlib import Path
-
-    if isinstance(config, (str, Path)):
-        try:
-            data = json.loads(Path(config).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"cannot read EfficientRAG config {config}: {e}") from None
-        base = data.get("config", data)  # the tuner writes {"config": {...}, "metrics": {...}}
-    else:
-        base = config.to_json() if isinstance(config, EfficientRAGConfig) else dict(config or {})
-    base.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return EfficientRAGConfig.from_dict(base)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"EfficientRAG config{f' {config}' if isinstance(config, str) else ''}: {e}") from None
 
 
 def load_models(labeler, filter_model, device: str | None = None):

@@ -40,6 +40,8 @@ import logging
 import os
 from pathlib import Path
 
+from .provenance import file_sha256
+
 log = logging.getLogger(__name__)
 
 ENV = "EFFRAG_VERIFY"
@@ -47,7 +49,6 @@ MODES = ("off", "cheap", "full")
 FULL_HASH_LIMIT = 128 * 1024 * 1024
 SAMPLE_BLOCK = 1024 * 1024
 SAMPLE_BLOCKS = 16
-_CHUNK = 4 * 1024 * 1024
 
 
 class IntegrityError(ValueError):
@@ -72,14 +73,6 @@ def resolve_mode(verify: str | None = None) -> str:
     return mode
 
 
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def sampled_sha256(path: str | Path, block: int = SAMPLE_BLOCK, blocks: int = SAMPLE_BLOCKS) -> str:
     """sha256 of ``blocks`` blocks of ``block`` bytes at evenly spaced offsets, the first and last included."""
     size = Path(path).stat().st_size
@@ -96,7 +89,7 @@ def sampled_sha256(path: str | Path, block: int = SAMPLE_BLOCK, blocks: int = SA
 def file_record(path: str | Path) -> dict:
     """``{"size", "sha256"}`` of a file, plus ``"sample"`` (see :func:`sampled_sha256`) when it is large."""
     path = Path(path)
-    rec = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+    rec = {"size": path.stat().st_size, "sha256": file_sha256(path)}
     if rec["size"] > FULL_HASH_LIMIT:  # the sampling is recorded with the hash: a later change of it stays readable
         block, blocks = SAMPLE_BLOCK, SAMPLE_BLOCKS
         rec["sample"] = {"block": block, "blocks": blocks, "sha256": sampled_sha256(path, block, blocks)}
@@ -136,7 +129,7 @@ def verify_files(directory: str | Path, records: dict | None, verify: str | None
             if sampled_sha256(path, sample["block"], sample["blocks"]) != sample["sha256"]:
                 raise IntegrityError(f"{path}: content differs from what was saved (sampled sha256 mismatch; "
                                      f"file corrupted or modified); {fix}")
-        elif sha256_file(path) != rec["sha256"]:
+        elif file_sha256(path) != rec["sha256"]:
             raise IntegrityError(f"{path}: content differs from what was saved (sha256 mismatch; "
                                  f"file corrupted or modified); {fix}")
     return mode

@@ -5,6 +5,7 @@
     accelerate launch train.py --config configs/labeler.yaml --resume_from_checkpoint latest
     accelerate launch train.py --config configs/labeler.yaml --eval_only checkpoints/efficientrag-all/labeler
     accelerate launch train.py --config reader --data.train_file runs/reader/train_all/reader.jsonl
+    accelerate launch train.py --config labeler --data.train_file runs/synth/train_all/dataset  # Arrow: docs/datasets.md
 
 ``--config`` is a YAML file or the name of a packaged default config (labeler, filter, irrr, reader,
 labeler_paper, filter_paper: effrag/configs/, linked as configs/). Overrides are dotted config keys

@@ -23,7 +23,8 @@ def add_synthesize_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("synthesize", help="synthesize Labeler/Filter training data (resumable)",
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--inputs", nargs="+", required=True, metavar="FILE",
-                   help="dataset files (HotpotQA / 2WikiMQA / MuSiQue, original formats); pooled into one output")
+                   help="dataset files or saved Hugging Face datasets (HotpotQA / 2WikiMQA / MuSiQue; "
+                        "docs/datasets.md); pooled into one output")
     p.add_argument("--output", required=True, metavar="DIR", type=output_dir,
                    help="output directory (resumed if it exists)")
     p.add_argument("--source", choices=["annotation", "llm"], default="annotation",
@@ -41,6 +42,9 @@ def add_synthesize_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--neg-per-query", type=positive_int, default=1, help="hard negatives per query (paper: 1)")
     p.add_argument("--limit", type=positive_int, metavar="N", help="only the first N questions of each input")
     p.add_argument("--batch-size", type=positive_int, help="questions per negatives search (default 64; llm 1)")
+    p.add_argument("--format", dest="output_format", choices=["jsonl", "arrow", "both"], default="jsonl",
+                   help="jsonl record files (default), a Hugging Face DatasetDict in DIR/dataset (arrow; needs "
+                        "the datasets package), or both; every format resumes")
     p.add_argument("--quiet", action="store_true", help="no progress bar or table")
     p.set_defaults(func=run_synthesize)
     return p
@@ -51,7 +55,7 @@ def run_synthesize(args) -> dict:
     from .pipeline import synthesize
 
     for f in [*args.inputs, *(args.corpus_from or [])]:
-        if not Path(f).is_file():
+        if not Path(f).exists():
             raise FileNotFoundError(f"input file not found: {f}")
     llm = None
     if args.source == "llm":
@@ -65,7 +69,8 @@ def run_synthesize(args) -> dict:
     result = synthesize(args.inputs, args.output, source=args.source, llm=llm, retriever=args.retriever,
                         negatives=args.negatives, limit=args.limit, corpus_from=args.corpus_from,
                         batch_size=args.batch_size, neg_k=args.neg_k, per_query=args.neg_per_query, cache_dir=args.cache_dir,
-                        encoder_path=args.encoder, bf16=args.bf16, show_progress=not args.quiet)
+                        encoder_path=args.encoder, bf16=args.bf16, show_progress=not args.quiet,
+                        output_format=args.output_format)
     if args.quiet:
         print(json.dumps(result))
     return result
@@ -75,7 +80,7 @@ def add_irrr_data_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("irrr-data", help="build IRRR training data with the dynamic oracle (resumable)",
                               description="``effrag irrr-data``: build IRRR training steps from dataset files.")
     p.add_argument("--inputs", nargs="+", required=True, metavar="FILE",
-                   help="training files (HotpotQA / 2WikiMQA / MuSiQue, original formats); pooled into one output")
+                   help="training files (HotpotQA / 2WikiMQA / MuSiQue, original or Hugging Face layouts); pooled into one output")
     p.add_argument("--corpus-from", nargs="+", metavar="FILE",
                    help="files whose contexts form the BM25 corpus (default: the inputs)")
     p.add_argument("--output", required=True, metavar="DIR", type=output_dir,
@@ -100,7 +105,7 @@ def run_irrr_data(args) -> dict:
     from .irrr_steps import build_irrr_data
 
     for f in [*args.inputs, *(args.corpus_from or [])]:
-        if not Path(f).is_file():
+        if not Path(f).exists():
             raise FileNotFoundError(f"input file not found: {f}")
     if not 0.0 <= args.augment_p <= 1.0:
         raise ValueError(f"--augment-p must be in [0, 1], got {args.augment_p}")

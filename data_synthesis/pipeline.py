@@ -111,13 +111,20 @@ def synthesize(inputs: Sequence[str | Path], out_dir: str | Path, source: str = 
                retriever: Any = "bm25", negatives: bool = True, limit: int | None = None, *,
                corpus_from: Sequence[str | Path] | None = None, batch_size: int | None = None,
                neg_k: int = 10, per_query: int = 1, cache_dir: str | Path | None = None,
-               encoder_path: str | None = None, bf16: bool = False, show_progress: bool = True) -> dict[str, Any]:
+               encoder_path: str | None = None, bf16: bool = False, show_progress: bool = True,
+               output_format: str = "jsonl") -> dict[str, Any]:
     """Synthesize training data from ``inputs`` into ``out_dir``; returns the run summary.
 
     ``retriever`` is a kind (``"bm25"``, ``"dense"``, ``"hybrid"``) built over the
     contexts of ``corpus_from`` (default: the inputs), or a ready retriever object.
-    ``limit`` caps the questions taken from each input file.
+    ``limit`` caps the questions taken from each input file. ``output_format``: ``jsonl`` (the
+    record files), ``arrow`` (a ``DatasetDict`` in ``out_dir/dataset``; the JSONL record files are
+    only the crash-safe log, emptied once exported) or ``both`` (:mod:`data_synthesis.export`).
     """
+    from .export import FORMATS, export_arrow
+
+    if output_format not in FORMATS:
+        raise ValueError(f"unknown output format {output_format!r}; expected one of {', '.join(FORMATS)}")
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}; expected one of {', '.join(SOURCES)}")
     if source == "llm" and llm is None:
@@ -183,6 +190,9 @@ def synthesize(inputs: Sequence[str | Path], out_dir: str | Path, source: str = 
     stats = write_stats(out)
     result = {"questions": len(questions), **dict(summary), "seconds": round(time.time() - start, 1),
               "recovered": writer.recovered, "output": str(out)}
+    if output_format != "jsonl":
+        result["dataset_rows"] = export_arrow(out, keep_jsonl=output_format == "both", progress=show_progress)
+        result["dataset"] = str(out / "dataset")
     if show_progress:
         print(format_table(stats))
         print("run: " + ", ".join(f"{k}={v}" for k, v in result.items() if k != "output"))

@@ -14,6 +14,8 @@ from typing import Any
 
 from effrag.jsonl import read_jsonl
 
+from .export import iter_records
+
 ALIGN_REASONS = ("align", "coverage", "not_in", "missing")  # reject reasons that are alignment failures
 
 
@@ -32,7 +34,7 @@ def compute_stats(out_dir: str | Path) -> dict[str, Any]:
             d["questions"] += 1
             d["ok" if rec.get("status", "ok") == "ok" else "rejected"] += 1
             d["notes"].update(rec.get("notes") or {})
-    for rec in read_jsonl(out / "labeler.jsonl"):
+    for rec in iter_records(out, "labeler"):  # dataset/ (--format arrow) and the JSONL log
         for d in (per[rec["dataset"]], per["all"]):
             d["labeler"] += 1
             d["sources"][rec.get("source", "?")] += 1
@@ -42,7 +44,7 @@ def compute_stats(out_dir: str | Path) -> dict[str, Any]:
                 d["labeler_ones"] += sum(rec["labels"])
             else:
                 d["labeler_neg"] += 1
-    for rec in read_jsonl(out / "filter.jsonl"):
+    for rec in iter_records(out, "filter"):
         for d in (per[rec["dataset"]], per["all"]):
             d["filter"] += 1
             d["filter_words"] += len(rec["labels"])

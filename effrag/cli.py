@@ -65,12 +65,33 @@ def _cmd_corpus_build(args) -> None:
 # ---------------------------------------------------------------------------- index
 def add_index_parser(sub) -> None:
     p = sub.add_parser("index", help="build or verify a retrieval index")
-    isub = p.add_subparsers(dest="index_cmd", required=True, metavar="{build,verify}")
+    isub = p.add_subparsers(dest="index_cmd", required=True, metavar="{build,encode,verify}")
     b = isub.add_parser("build", help="index a corpus.jsonl into DIR (resumes an interrupted dense build)")
     b.add_argument("--corpus", required=True, metavar="corpus.jsonl")
     add_retriever_args(b, required=True)
     b.add_argument("--output", required=True, metavar="DIR", type=output_dir)
+    s = b.add_argument_group("scale (docs/scale.md)")
+    s.add_argument("--backend", choices=["faiss", "milvus"], default="faiss",
+                   help="where dense vectors live: a FAISS file in DIR (default) or a Milvus collection")
+    s.add_argument("--milvus-uri", metavar="URI",
+                   help="Milvus server (http://host:19530) or Milvus Lite file (default DIR/milvus.db)")
+    s.add_argument("--collection", default="effrag", help="Milvus collection name (default effrag)")
+    s.add_argument("--nlist", type=positive_int, help="IVF lists (default 4 sqrt(n))")
+    s.add_argument("--nprobe", type=positive_int, help="IVF lists searched (default 16; saved, used when loading)")
+    s.add_argument("--ef-search", type=positive_int, help="HNSW search breadth (default 128)")
+    s.add_argument("--pq-m", type=positive_int, help="IVF-PQ bytes per vector (default dim/8)")
+    s.add_argument("--train-size", type=positive_int, help="vectors sampled to train IVF/PQ (default 64 per list)")
+    _add_encode_args(s)
     b.set_defaults(func=_cmd_index_build)
+    e = isub.add_parser("encode", help="encode a corpus into DIR/emb_shards, resumably and data-parallel "
+                                       "(accelerate launch / torchrun -m effrag.cli index encode ...)")
+    e.add_argument("--corpus", required=True, metavar="corpus.jsonl")
+    e.add_argument("--encoder", metavar="PATH", help="local HF encoder folder (default: all-MiniLM-L6-v2)")
+    e.add_argument("--bf16", action="store_true", help="bfloat16 autocast (see effrag index build --help)")
+    e.add_argument("--output", required=True, metavar="DIR", type=output_dir,
+                   help="the index folder `effrag index build --output DIR` will read the shards from")
+    _add_encode_args(e)
+    e.set_defaults(func=_cmd_index_encode)
     v = isub.add_parser("verify", help="check every file of a saved index against its recorded sha256 (full read)")
     v.add_argument("index", metavar="DIR")
     v.add_argument("--cheap", action="store_true", help="sizes + sampled hashes only (the check done on every load)")
@@ -85,19 +106,56 @@ def _cmd_index_verify(args) -> None:
                                else f"every file matches its recorded size and sha256 ({mode} check)"))
 
 
+def _add_encode_args(g) -> None:
+    g.add_argument("--shard-size", type=positive_int, default=1024,
+                   help="passages per embedding shard, the unit of resuming and of data parallelism (default 1024)")
+    g.add_argument("--batch-size", type=positive_int, default=64, help="encoder batch size (default 64)")
+
+
+def _scale_options(args) -> dict:
+    """The ``index build`` options of docs/scale.md that were given, as retriever options."""
+    names = {"nlist": "nlist", "nprobe": "nprobe", "ef_search": "ef_search", "pq_m": "pq_m",
+             "train_size": "train_size", "batch_size": "batch_size"}
+    opts = {key: getattr(args, a) for a, key in names.items() if getattr(args, a, None) is not None}
+    if args.backend == "milvus":
+        opts.pop("pq_m", None), opts.pop("train_size", None)
+        opts.update(uri=args.milvus_uri or str(Path(args.output) / "milvus.db"), collection=args.collection)
+    elif args.retriever == "bm25":
+        return {}
+    return {**opts, "shard_size": args.shard_size}
+
+
+def _cmd_index_encode(args) -> None:
+    from effrag.experiment import open_corpus
+    from effrag.retrieval import Encoder, encode_shards, init_distributed
+
+    rank, world = init_distributed()
+    corpus = open_corpus(args.corpus)
+    store = Path(args.output) / "emb_shards"
+    stats = encode_shards(Encoder(args.encoder, bf16=args.bf16), corpus.passages, store,
+                          shard_size=args.shard_size, batch_size=args.batch_size,
+                          corpus_fingerprint=corpus.fingerprint(), rank=rank, world_size=world)
+    print(f"rank {rank}/{world}: encoded {len(stats['encoded'])}, kept {len(stats['reused'])} finished "
+          f"of {stats['n_shards']} shards in {store}")
+
+
 def _cmd_index_build(args) -> None:
     import shutil
 
     from effrag.experiment import open_corpus, open_retriever
 
+    if args.backend == "milvus" and args.retriever != "dense":
+        raise ValueError("--backend milvus holds a dense index: use --retriever dense")
     corpus = open_corpus(args.corpus)
     out = Path(args.output)
-    shards = {"cache_dir": out / "emb_shards"} if args.retriever != "bm25" else {}  # a killed build resumes
-    retriever = open_retriever(args.retriever, corpus, cache=False, encoder=args.encoder, bf16=args.bf16,
-                               index_type=args.index_type, bm25_article=args.bm25_article, **shards)
+    kind = "milvus" if args.backend == "milvus" else args.retriever
+    shards = {"cache_dir": out / "emb_shards"} if kind != "bm25" else {}  # a killed build resumes
+    retriever = open_retriever(kind, corpus, cache=False, encoder=args.encoder, bf16=args.bf16,
+                               index_type=args.index_type, bm25_article=args.bm25_article, **shards,
+                               **_scale_options(args))
     retriever.save(out)
     shutil.rmtree(out / "emb_shards", ignore_errors=True)
-    print(f"wrote {args.retriever} index of {len(corpus)} passages to {out}")
+    print(f"wrote {kind} index of {len(corpus)} passages to {out}")
 
 
 # ---------------------------------------------------------------------------- eval

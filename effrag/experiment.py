@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-RETRIEVER_KINDS = ("dense", "bm25", "hybrid")
+RETRIEVER_KINDS = ("dense", "bm25", "hybrid", "milvus")
 
 
 def default_cache_dir() -> Path:
@@ -60,7 +60,9 @@ def dataset_file(data_dir: str | Path, dataset: str, split: str) -> Path:
 def add_questions_args(p: argparse.ArgumentParser, *, required: bool = True, sample: bool = False) -> None:
     """``--questions FILE``, ``--dataset``, ``--limit N`` (first N); with ``sample``, ``--n N`` drawn with ``--seed``."""
     g = p.add_argument_group("questions")
-    g.add_argument("--questions", required=required, metavar="FILE", help="dataset file in its original format")
+    g.add_argument("--questions", required=required, metavar="FILE",
+                   help="dataset file or folder: the original format, or a Hugging Face layout (save_to_disk "
+                        "folder, parquet, JSONL or Arrow export; docs/datasets.md)")
     g.add_argument("--dataset", help="force the questions' format instead of detecting it")
     g.add_argument("--limit", type=positive_int, metavar="N", help="only the first N questions")
     if sample:
@@ -83,7 +85,8 @@ def add_retriever_args(p: argparse.ArgumentParser, *, required: bool = False, de
     g = p.add_argument_group("retriever")
     g.add_argument("--retriever", choices=RETRIEVER_KINDS, required=required, default=default)
     g.add_argument("--encoder", metavar="PATH", help="local HF encoder folder (default: all-MiniLM-L6-v2)")
-    g.add_argument("--index-type", choices=["flat", "ivf", "hnsw"], default="flat", help="FAISS index (dense)")
+    g.add_argument("--index-type", choices=["flat", "ivf", "ivfpq", "hnsw"], default="flat",
+                   help="FAISS index (dense; docs/scale.md); for milvus: flat, ivf or hnsw")
     g.add_argument("--bf16", action="store_true",
                    help="bfloat16 autocast for encoding (~3x faster on GPUs and AMX/AVX512-BF16 CPUs; fp32 on "
                         "other CPUs, where emulated bf16 is slower: effrag.hardware)")
@@ -118,7 +121,7 @@ def retriever_options(kind: str, index_type: str = "flat", bm25_article: bool = 
     """Options of :func:`effrag.retrieval.build_retriever` for ``kind`` from the command-line values."""
     opts: dict[str, Any] = {"index_type": index_type} if kind != "bm25" else {}
     if bm25_article:
-        if kind == "dense":
+        if kind in ("dense", "milvus"):
             raise ValueError("--bm25-article needs --retriever bm25 or hybrid")
         opts["article"] = True
     return opts
@@ -147,7 +150,7 @@ def open_corpus(corpus: Any = None, corpus_from: Sequence[str | Path] = (), ques
 def open_retriever(kind: str, corpus, *, cache_dir: str | Path | None = None, encoder: str | None = None,
                    bf16: bool = False, index_type: str = "flat", bm25_article: bool = False, cache: bool = True,
                    **options: Any):
-    """A ``dense``/``bm25``/``hybrid`` retriever over ``corpus``, loaded from the index cache or built into it.
+    """A ``dense``/``bm25``/``hybrid``/``milvus`` retriever over ``corpus``, from the index cache or built into it.
 
     ``cache=False`` builds in memory (BM25 over a small corpus is faster to build than to load).
     """
@@ -226,9 +229,14 @@ class RunSetup:
         ``own_contexts=True`` lets a questions file with no corpus option be its own corpus (its contexts).
         """
         from effrag.data import load_questions, map_gold
+        from effrag.data.hf_layouts import is_hf_object
 
         qpath, corpus_arg, corpus_from_arg = None, corpus, list(corpus_from)
-        if isinstance(questions, (str, Path)):
+        if is_hf_object(questions):  # a datasets.Dataset / DatasetDict in the Hugging Face layout
+            questions = load_questions(questions, dataset, limit=limit)
+            if not questions:
+                raise ValueError("no questions in the given dataset object")
+        elif isinstance(questions, (str, Path)):
             qpath = Path(questions)
             questions = load_questions(qpath, dataset, limit=limit)
             if not questions:

@@ -1,29 +1,55 @@
-"""The README's main job, on a minimal config: every stage runs, writes its outputs, and is cached."""
+"""The README's main job on minimal settings: the shipped-model evaluation and the --small training smoke
+run both write their outputs, print the bar, and are cached."""
 import json
 import time
 
 from effrag.quickstart import run_quickstart
 
 
-def test_quickstart_stages_run_and_cache(tmp_path):
-    wd = tmp_path / "qs"
-    kw = dict(workdir=wd, retriever="bm25", epochs=1.0, max_train_examples=24, limit=3, datasets=("hotpotqa",))
-    rows = run_quickstart(**kw)
+def _check_rows(rows, wd, n):
+    methods = {(r["method"], r.get("k")) for r in rows}
+    assert {("direct-r", k) for k in range(1, 21)} <= methods
+    assert {("efficientrag", c) for c in range(1, 11)} <= methods
+    for r in rows:
+        assert r["n"] == n and 0.0 <= r["recall"] <= 1.0
+    er = sorted((r for r in rows if r["method"] == "efficientrag"), key=lambda r: r["k"])
+    assert [r["recall"] for r in er] == sorted(r["recall"] for r in er)  # cutting a ranked pool deeper never loses
+    assert all(r["avg_chunks"] <= r["k"] for r in er)
+    assert json.loads((wd / "comparison.json").read_text()) == rows
+    summary = json.loads((wd / "summary.json").read_text())
+    for s in summary:
+        dr20 = next(r["recall"] for r in rows if r["dataset"] == s["dataset"] and (r["method"], r["k"]) == ("direct-r", 20))
+        best = max(r["recall"] for r in er if r["dataset"] == s["dataset"])
+        assert s["bar_met"] == (best >= dr20)
+    md = (wd / "comparison.md").read_text()
+    assert ">= Direct-R@20 with <= 10 chunks" in md and ("yes" in md or "NO" in md)
+    assert (wd / "recall_vs_chunks.png").stat().st_size > 0
+    return summary
 
+
+def test_quickstart_small_trains_runs_and_caches(tmp_path):
+    wd = tmp_path / "qs"
+    kw = dict(workdir=wd, retriever="bm25", small=True, epochs=1.0, max_train_examples=24, limit=3,
+              datasets=("hotpotqa",))
+    rows = run_quickstart(**kw)
     assert (wd / "corpus.jsonl").stat().st_size > 0
     for f in ("labeler.jsonl", "filter.jsonl", "stats.json"):
         assert (wd / "synth" / "train" / f).is_file()
     for task in ("labeler", "filter"):
         assert (wd / "models" / task / "best" / "effrag_config.json").is_file()
-    methods = {(r["method"], r.get("k")) for r in rows}
-    assert ("direct-r", 10) in methods and ("direct-r", 20) in methods
-    assert any(m == "efficientrag" for m, _ in methods)
-    for r in rows:
-        assert r["dataset"] == "hotpotqa" and r["n"] == 3 and 0.0 <= r["recall"] <= 1.0
-    assert json.loads((wd / "comparison.json").read_text()) == rows
-    assert "efficientrag" in (wd / "comparison.md").read_text()
+    _check_rows(rows, wd, 3)
+    assert "smoke" in (wd / "comparison.md").read_text()
 
     t0 = time.time()
     again = run_quickstart(**kw)  # every stage cached: no training, no evaluation
     assert again == rows
     assert time.time() - t0 < 30
+
+
+def test_quickstart_evaluates_the_shipped_model(tmp_path):
+    wd = tmp_path / "qs"
+    rows = run_quickstart(workdir=wd, retriever="bm25", limit=4, datasets=("musique",))
+    assert not (wd / "synth").exists() and not (wd / "models").exists()  # nothing trained
+    (s,) = _check_rows(rows, wd, 4)
+    assert s["dataset"] == "musique" and s["efficientrag_cap"] == 7  # the shipped loop config's chunk budget
+    assert "shipped model efficientrag-all" in (wd / "comparison.md").read_text()

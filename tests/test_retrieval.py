@@ -116,7 +116,10 @@ def test_approximate_indexes_agree_with_flat_on_a_small_corpus(index_type, corpu
 
 def test_encode_corpus_resumes_from_finished_shards(tmp_path, corpus, encoder):
     passages = corpus.passages
-    full = encode_corpus(encoder, passages, tmp_path, shard_size=4, show_progress=False, corpus_fingerprint="c1")
+    # a copy: with a cache folder encode_corpus returns the shards memory-mapped, and the shard overwritten below
+    # in place would show through
+    full = np.array(encode_corpus(encoder, passages, tmp_path, shard_size=4, show_progress=False,
+                                  corpus_fingerprint="c1"))
     assert sorted(p.name for p in tmp_path.glob("emb_*.npy")) == ["emb_00000.npy", "emb_00001.npy", "emb_00002.npy"]
     # Mark a finished shard: a resumed build must take it as is instead of re-encoding.
     np.save(tmp_path / "emb_00001.npy", np.full((4, 384), 7.0, dtype=np.float32))

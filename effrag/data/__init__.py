@@ -1,7 +1,9 @@
 """Datasets, corpora and the bundled sample.
 
 ``load_questions`` reads HotpotQA, 2WikiMultihopQA, MuSiQue, Bamboogle and
-StrategyQA files in their original formats; ``Corpus`` / ``build_corpus`` pool
+StrategyQA files in their original formats, and the first three also in their Hugging
+Face ``datasets`` layouts (saved folders, parquet/JSONL/Arrow exports, ``Dataset``
+objects; ``hf_layouts.py``, docs/datasets.md); ``Corpus`` / ``build_corpus`` pool
 their paragraphs into a retrieval corpus; ``map_gold`` gives each question's gold
 passages as corpus ids. A small real sample of each dataset ships with the
 package (see ``sample/README.md``) so that everything runs without downloads.

@@ -1,8 +1,11 @@
-"""Load multi-hop QA files in their original formats into :class:`Question` records.
+"""Load multi-hop QA files into :class:`Question` records.
 
 Supported: HotpotQA (distractor), 2WikiMultihopQA, MuSiQue-Ans v1.0, Bamboogle
-and StrategyQA, as a JSON array or as JSON Lines. The format is detected from
-the keys of the first record unless ``dataset=`` is given.
+and StrategyQA, as a JSON array or as JSON Lines, in their original layouts or
+(HotpotQA, 2Wiki, MuSiQue) in the Hugging Face ``datasets`` layouts, also as a
+``save_to_disk`` folder, a parquet or Arrow file, or a ``Dataset``/``DatasetDict``
+object (:mod:`effrag.data.hf_layouts`; docs/datasets.md). The format is detected
+from the keys of the first record unless ``dataset=`` is given.
 
 Every problem in a record raises :class:`DataFormatError` naming the file, the
 location (1-based line for JSONL, 0-based index for JSON arrays) and the field.
@@ -20,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from .errors import DataFormatError, _RecordError
+from .hf_layouts import REQUIRED, TABLE_SUFFIXES, is_hf_object, missing_columns, table_records, to_original
 from .records import Passage, Question, SubQuestion
 
 log = logging.getLogger(__name__)
@@ -28,17 +33,6 @@ DATASETS = ("hotpotqa", "2wikimqa", "musique", "bamboogle", "strategyqa")
 _ALIASES = {"hotpot": "hotpotqa", "2wiki": "2wikimqa", "2wikimultihopqa": "2wikimqa",
             "musique-ans": "musique", "musique_ans": "musique"}
 _REF = re.compile(r"#(\d+)")
-
-
-class DataFormatError(ValueError):
-    """A dataset or corpus file does not have the expected structure."""
-
-
-class _RecordError(Exception):
-    """Problem inside one record; the caller adds file and location."""
-
-    def __init__(self, fieldname: str, msg: str):
-        super().__init__(f"field '{fieldname}': {msg}")
 
 
 @dataclass
@@ -240,9 +234,12 @@ def detect_format(record: dict) -> str:
         return "bamboogle"
     if {"qid", "question", "decomposition"} <= keys:
         return "strategyqa"
+    near = missing_columns(keys)
+    hint = (f"; closest: the {near[0]} layout, which lacks column(s) {', '.join(repr(c) for c in near[1])}"
+            if near else "")
     raise DataFormatError(
         f"unknown record format with keys {sorted(keys)}; expected one of {', '.join(DATASETS)} "
-        "(pass dataset= to force one)")
+        f"(pass dataset= to force one){hint}")
 
 
 def _canonical(dataset: str) -> str:
@@ -316,22 +313,47 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
             yield f"{path}:{n}", DataFormatError(f"{path}:{n}: invalid JSON: {e.msg} (column {e.colno})")
 
 
-def load_questions(path: str | Path, dataset: str | None = None, *, skip_malformed: bool = False,
-                   limit: int | None = None, report: bool = False):
-    """Load a dataset file into a list of :class:`Question`.
+def _source_records(source: Any, split: str | None, name: str | None) -> tuple[str, Iterator[tuple[str, Any]]]:
+    """``(label, (location, record) iterator)`` of a JSON/JSONL file or a Hugging Face source."""
+    if not is_hf_object(source):
+        path = Path(source)
+        if not path.is_dir() and path.suffix not in TABLE_SUFFIXES:
+            if not path.is_file():
+                raise FileNotFoundError(f"dataset file not found: {path}")
+            return str(path), _records(path)
+        if not path.exists():
+            raise FileNotFoundError(f"dataset file not found: {path}")
+    label, columns, records = table_records(source, split)
+    if columns and name is None:  # a table names its columns up front: say which one is missing
+        try:
+            name = detect_format(dict.fromkeys(columns))
+        except DataFormatError as e:
+            raise DataFormatError(f"{label}: {e}") from None
+    if columns and name in REQUIRED:
+        missing = [alts[0] for alts in REQUIRED[name] if not any(a in columns for a in alts)]
+        if missing:
+            raise DataFormatError(f"{label}: column(s) {', '.join(repr(c) for c in missing)} missing for "
+                                  f"the {name} layout (columns: {', '.join(columns)})")
+    return label, records
 
-    ``dataset`` forces a format (``hotpotqa``, ``2wikimqa``, ``musique``, ``bamboogle``,
-    ``strategyqa``); by default it is detected from the first record. ``limit`` stops after
-    that many questions. With ``report=True`` returns ``(questions, LoadReport)``.
+
+def load_questions(path: Any, dataset: str | None = None, *, skip_malformed: bool = False,
+                   limit: int | None = None, report: bool = False, split: str | None = None):
+    """Load a dataset into a list of :class:`Question`.
+
+    ``path`` is a JSON / JSONL file (original or Hugging Face layout), a ``save_to_disk`` folder,
+    a ``.parquet`` / ``.arrow`` file, or a ``datasets.Dataset`` / ``DatasetDict`` (``split``
+    picks a split of a DatasetDict). ``dataset`` forces a format (``hotpotqa``, ``2wikimqa``,
+    ``musique``, ``bamboogle``, ``strategyqa``); by default it is detected from the first
+    record. ``limit`` stops after that many questions. With ``report=True`` returns
+    ``(questions, LoadReport)``.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"dataset file not found: {path}")
     name = _canonical(dataset) if dataset else None
+    label, records = _source_records(path, split, name)
     questions: list[Question] = []
-    rep = LoadReport(path=str(path), dataset=name or "")
+    rep = LoadReport(path=label, dataset=name or "")
     seen: dict[str, str] = {}
-    for where, rec in _records(path):
+    for where, rec in records:
         if limit is not None and len(questions) >= limit:
             break
         try:
@@ -346,7 +368,7 @@ def load_questions(path: str | Path, dataset: str | None = None, *, skip_malform
                     raise DataFormatError(f"{where}: {e}") from None
                 rep.dataset = name
             try:
-                q = _PARSERS[name](rec, rep.notes)
+                q = _PARSERS[name](to_original(rec, name), rep.notes)
             except _RecordError as e:
                 raise DataFormatError(f"{where}: {e}") from None
             if q.id in seen:
@@ -363,9 +385,9 @@ def load_questions(path: str | Path, dataset: str | None = None, *, skip_malform
         questions.append(q)
     rep.loaded = len(questions)
     if not questions and not rep.skipped and limit != 0:  # no record at all: say that, not "unknown format"
-        raise DataFormatError(f"{path}: empty file (no records)")
+        raise DataFormatError(f"{label}: empty file (no records)")
     if rep.skipped:
-        log.warning("%s: skipped %d malformed record(s); first: %s", path, rep.skipped, rep.errors[0])
+        log.warning("%s: skipped %d malformed record(s); first: %s", label, rep.skipped, rep.errors[0])
     for note, count in rep.notes.items():
-        log.info("%s: %s: %d", path, note, count)
+        log.info("%s: %s: %d", label, note, count)
     return (questions, rep) if report else questions

@@ -119,8 +119,9 @@ def plot_recall_vs_chunks(rows: Sequence[dict[str, Any]], path: str | Path, titl
             xs, ys = [p["avg_chunks"] for p in pts], [100 * p["recall"] for p in pts]
             ax.plot(xs, ys, color=color, marker=marker, markersize=6, linewidth=1.6, label=name)
             varying = _varying(pts)
+            dense = len(pts) > 8  # a k = 1..20 sweep: label only k = 1, 2, 5, 10, 20, ... so labels stay legible
             for p, x, y in zip(pts, xs, ys):
-                if varying:
+                if varying and (not dense or p.get("k") in (1, 2, 5, 10, 20, 50, 100)):
                     ax.annotate(_point_label(p, varying), (x, y), textcoords="offset points", xytext=(4, -11),
                                 fontsize=7, color=color)
         ax.set_xscale("log")

@@ -252,19 +252,27 @@ class EncoderWithHeads(nn.Module):
         check_finite(model, path)
         return model
 
-    def save_pretrained(self, path: str | Path, state_dict: dict | None = None, training: dict | None = None) -> None:
+    def save_pretrained(self, path: str | Path, state_dict: dict | None = None, training: dict | None = None,
+                        compact: bool = False) -> None:
         """Write encoder, heads, tokenizer and ``effrag_config.json`` into ``path``.
 
-        ``state_dict`` lets a distributed trainer pass the gathered weights (ZeRO-3).
+        ``state_dict`` lets a distributed trainer pass the gathered weights (ZeRO-3). ``compact=True``
+        stores the encoder as int8 rows (:mod:`.compact`, for checkpoints shipped in the package).
         """
         from safetensors.torch import save_file
+
+        from .compact import save_compact_encoder
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         sd = state_dict if state_dict is not None else self.state_dict()
         enc = {k[len("encoder."):]: v for k, v in sd.items() if k.startswith("encoder.")}
         heads = {k: v.detach().contiguous().cpu() for k, v in sd.items() if not k.startswith("encoder.")}
-        self.encoder.save_pretrained(path, state_dict=enc)
+        if compact:
+            (path / "model.safetensors").unlink(missing_ok=True)
+            save_compact_encoder(self.encoder, path)
+        else:
+            self.encoder.save_pretrained(path, state_dict=enc)
         save_file(heads, str(path / HEADS_NAME))
         self.tokenizer.save_pretrained(path)
         if training is not None:
@@ -316,9 +324,10 @@ def predict_batches(model: "EncoderWithHeads", encoded: list, batch_size: int, b
     then logs how many items were truncated. Shared by every word-labelling model's ``predict``.
     """
     for idx, out in forward_batches(model, [e.features() for e in encoded], batch_size, bf16):
-        p_tok = out.token_logits.float().softmax(-1)[..., 1].cpu()
+        p_tok = out.token_logits.float().softmax(-1)[..., 1].cpu().tolist()  # one conversion per batch
         for row, i in enumerate(idx):
-            probs = [float(p_tok[row, p]) if p >= 0 else 0.0 for p in encoded[i].word_positions]
+            p_row = p_tok[row]
+            probs = [p_row[p] if p >= 0 else 0.0 for p in encoded[i].word_positions]
             yield i, row, out, probs
     truncated = [e.truncated for e in encoded]
     if any(truncated):
@@ -368,7 +377,11 @@ def _load_encoder(path: str, config):
     """The encoder in fp32; decoder LMs with SDPA attention, the one that honours a bidirectional 4-D mask."""
     from transformers import AutoModel
 
+    from .compact import has_compact_encoder, load_compact_encoder
+
     kwargs = {"attn_implementation": "sdpa"} if is_decoder_backbone(config) else {}
+    if has_compact_encoder(path):  # a shipped checkpoint: int8 weights, dequantized to fp32
+        return load_compact_encoder(path, config, **kwargs)
     return AutoModel.from_pretrained(path, config=config, local_files_only=True, dtype=torch.float32, **kwargs)
 
 

@@ -14,6 +14,8 @@ CHUNK_FORMATS = ("title_text", "text")
 POOL_ORDERS = ("hop", "fused", "fused_logit")
 POOL_SOURCES = ("continue", "seen")
 CONTINUE, TERMINATE = "<Continue>", "<Terminate>"
+# options that change what the loop costs, added after configs were first written (left out of to_json at default)
+_COST_DEFAULTS = {"int8": False, "stop_at_pool": None, "prune_last_hop": False}
 
 
 @dataclass
@@ -38,6 +40,12 @@ class EfficientRAGConfig:
     (log-odds of p(<Continue>) + ``retrieval_weight`` x the retriever's score: a logistic model of the
     two signals, which keeps the Labeler's ranking among chunks it is very sure of).
     <Continue> chunks always rank before top-up chunks.
+    Cost options (all off by default; ``scripts/bench_loop_cost.py`` measures them):
+    ``int8`` runs the Labeler and Filter with int8 dynamic quantization of their Linear layers (CPU only;
+    ignored, with a warning, on other devices). ``stop_at_pool`` ends a question's loop once its pool
+    holds that many <Continue> chunks. ``prune_last_hop`` skips, at the last hop (when kept words feed no
+    further query), chunks that cannot enter the capped pool (``pool_order`` fused/fused_logit with
+    ``max_candidates``, ``pool_source`` continue): exact, the results do not change.
     ``pool_source``: ``continue`` (the paper) builds the pool from <Continue> chunks (then the
     ``min_candidates`` top-up); ``seen`` ranks every chunk the Labeler read, <Continue> or not,
     in ``pool_order`` as one list, so ``max_candidates`` keeps the best-scored chunks whatever
@@ -64,6 +72,9 @@ class EfficientRAGConfig:
     labeler_max_length: int | None = None
     filter_max_length: int | None = None
     bf16: bool = False
+    int8: bool = False
+    stop_at_pool: int | None = None
+    prune_last_hop: bool = False
 
     def __post_init__(self) -> None:
         for name, allowed in (("query_mode", QUERY_MODES), ("dedup", DEDUP_MODES), ("chunk_format", CHUNK_FORMATS),
@@ -77,6 +88,8 @@ class EfficientRAGConfig:
             raise ValueError(f"EfficientRAGConfig.first_hop_k must be >= 1 or None, got {self.first_hop_k}")
         if self.max_candidates is not None and self.max_candidates < 1:
             raise ValueError(f"EfficientRAGConfig.max_candidates must be >= 1 or None, got {self.max_candidates}")
+        if self.stop_at_pool is not None and self.stop_at_pool < 1:
+            raise ValueError(f"EfficientRAGConfig.stop_at_pool must be >= 1 or None, got {self.stop_at_pool}")
         if self.min_candidates < 0:
             raise ValueError(f"EfficientRAGConfig.min_candidates must be >= 0, got {self.min_candidates}")
 
@@ -92,7 +105,10 @@ class EfficientRAGConfig:
         return self.from_dict({**asdict(self), **changes})
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The options as a dict; cost options at their defaults are left out, so the configs written before
+        they existed (tuning logs, run folders, loop-<dataset>.json) still match and resume."""
+        d = asdict(self)
+        return {k: v for k, v in d.items() if k not in _COST_DEFAULTS or v != _COST_DEFAULTS[k]}
 
 
 def build_config(config: EfficientRAGConfig | dict | str | None = None, **overrides: Any) -> EfficientRAGConfig:

@@ -188,8 +188,13 @@ class BM25Retriever:
         return d
 
     @classmethod
-    def load(cls, directory: str | Path, corpus, verify: str | None = None, **_runtime) -> "BM25Retriever":
-        """Load a saved index; ``verify`` (``"cheap"``/``"full"``/``"off"``) checks its files first."""
+    def load(cls, directory: str | Path, corpus, verify: str | None = None, mmap: bool = False,
+             **_runtime) -> "BM25Retriever":
+        """Load a saved index; ``verify`` (``"cheap"``/``"full"``/``"off"``) checks its files first.
+
+        ``mmap=True`` memory-maps the score matrix instead of reading it (large corpora: the OS pages
+        in what queries touch, and several processes share one copy).
+        """
         bm25s = _bm25s()
 
         d = Path(directory)
@@ -205,7 +210,7 @@ class BM25Retriever:
         if not (d / "bm25").is_dir():
             raise FileNotFoundError(f"{d / 'bm25'} not found: the index folder is incomplete; {REBUILD}")
         try:  # never unpickle: a damaged .npy header must not turn into an offer to run pickled code
-            model = bm25s.BM25.load(str(d / "bm25"), show_progress=False, allow_pickle=False)
+            model = bm25s.BM25.load(str(d / "bm25"), show_progress=False, allow_pickle=False, mmap=mmap)
         except FileNotFoundError:
             raise
         except (ValueError, OSError, EOFError, KeyError, TypeError) as e:

@@ -22,15 +22,19 @@ from .meta import META, IndexMismatchError, read_meta, verify_index  # noqa: F40
 
 log = logging.getLogger(__name__)
 
-KINDS = ("dense", "bm25", "hybrid")
+KINDS = ("dense", "bm25", "hybrid", "milvus")
 _DENSE_OPTS = {"index_type", "nlist", "nprobe", "hnsw_m", "ef_construction", "ef_search", "gpu",
-               "shard_gpu", "batch_size", "cache_dir", "show_progress"}
+               "shard_gpu", "batch_size", "cache_dir", "show_progress", "pq_m", "train_size", "embeddings",
+               "shard_size"}
+_MILVUS_OPTS = {"uri", "collection", "token", "index_type", "nlist", "nprobe", "hnsw_m", "ef_construction",
+                "ef_search", "batch_size", "cache_dir", "show_progress", "embeddings", "shard_size"}
 _BM25_OPTS = {"k1", "b", "stopwords", "stemmer", "article", "show_progress"}
 _HYBRID_OPTS = {"k_rrf", "depth"}
 
 
 def _split_opts(kind: str, opts: dict) -> tuple[dict, dict, dict]:
-    allowed = {"dense": _DENSE_OPTS, "bm25": _BM25_OPTS, "hybrid": _DENSE_OPTS | _BM25_OPTS | _HYBRID_OPTS}[kind]
+    allowed = {"dense": _DENSE_OPTS, "bm25": _BM25_OPTS, "hybrid": _DENSE_OPTS | _BM25_OPTS | _HYBRID_OPTS,
+               "milvus": _MILVUS_OPTS}[kind]
     unknown = set(opts) - allowed
     if unknown:
         raise ValueError(f"unknown option(s) for a {kind} retriever: {', '.join(sorted(unknown))}")
@@ -44,11 +48,12 @@ def _check_kind(kind: str) -> None:
 
 
 def build_retriever(kind: str, corpus, encoder=None, encoder_path: str | None = None, bf16: bool = False, **opts):
-    """A new ``dense``, ``bm25`` or ``hybrid`` (dense + bm25, RRF) retriever over ``corpus``.
+    """A new ``dense``, ``bm25``, ``hybrid`` (dense + bm25, RRF) or ``milvus`` retriever over ``corpus``.
 
     ``encoder`` is an :class:`Encoder`; otherwise one is made from ``encoder_path``
     (default all-MiniLM-L6-v2) with ``bf16``. Other options go to the retriever
-    classes (e.g. ``index_type``, ``k1``, ``k_rrf``); unknown ones are an error.
+    classes (e.g. ``index_type``, ``k1``, ``k_rrf``; ``uri``/``collection`` for milvus);
+    unknown ones are an error.
     """
     from .bm25 import BM25Retriever
     from .dense import DenseRetriever
@@ -60,10 +65,25 @@ def build_retriever(kind: str, corpus, encoder=None, encoder_path: str | None = 
     if kind == "bm25":
         return BM25Retriever(corpus, **bm25_o)
     encoder = encoder or Encoder(encoder_path, bf16=bf16)
+    if kind == "milvus":
+        return _build_milvus(corpus, encoder, **opts)
     dense = DenseRetriever(corpus, encoder, **dense_o)
     if kind == "dense":
         return dense
     return HybridRetriever([dense, BM25Retriever(corpus, **bm25_o)], **hybrid_o)
+
+
+def _build_milvus(corpus, encoder, *, uri, embeddings=None, cache_dir=None, shard_size: int = 1024,
+                  batch_size: int = 64, show_progress: bool = True, **opts):
+    """Encode (resumably, into ``cache_dir`` shards) unless ``embeddings`` are given, then fill Milvus."""
+    from .dense import encode_corpus
+    from .milvus import MilvusRetriever
+
+    if embeddings is None:
+        embeddings = encode_corpus(encoder, corpus.passages, cache_dir, shard_size=shard_size, batch_size=batch_size,
+                                   show_progress=show_progress, corpus_fingerprint=corpus.fingerprint())
+    return MilvusRetriever.build(corpus, encoder, uri, embeddings, show_progress=show_progress,
+                                 batch_size=batch_size, **opts)
 
 
 def _encoder_for(meta: dict, directory: Path, encoder_path: str | None, bf16: bool):
@@ -85,7 +105,8 @@ def load_retriever(directory: str | Path, corpus=None, encoder_path: str | None 
 
     ``verify``: how much of the saved files to check against their recorded hashes first,
     ``"cheap"`` (default, or ``$EFFRAG_VERIFY``), ``"full"`` or ``"off"`` (see :mod:`effrag.integrity`).
-    ``runtime`` options change search only (``nprobe``, ``ef_search``, ``gpu``, ``batch_size``).
+    ``runtime`` options change search only (``nprobe``, ``ef_search``, ``gpu``, ``batch_size``; ``mmap`` for
+    BM25; ``uri``/``token`` to reach a Milvus collection elsewhere).
     """
     from effrag.data import Corpus
 
@@ -108,7 +129,11 @@ def load_retriever(directory: str | Path, corpus=None, encoder_path: str | None 
         encoder = _encoder_for(meta, d, encoder_path, bf16)
     kind = meta["kind"]
     if kind == "bm25":
-        return BM25Retriever.load(d, corpus, verify="off")
+        return BM25Retriever.load(d, corpus, verify="off", mmap=bool(runtime.get("mmap", False)))
+    if kind == "milvus":
+        from .milvus import MilvusRetriever
+
+        return MilvusRetriever.load(d, corpus, encoder, verify="off", **runtime)
     if kind == "dense":
         return DenseRetriever.load(d, corpus, encoder, verify="off", **runtime)
     if kind == "hybrid":
@@ -124,7 +149,8 @@ def load_retriever(directory: str | Path, corpus=None, encoder_path: str | None 
 def cache_key(kind: str, corpus, encoder=None, **opts) -> str:
     """Folder name of a cached index: kind + corpus fingerprint + encoder fingerprint + option hash."""
     relevant = {k: v for k, v in sorted(opts.items()) if k not in ("show_progress", "cache_dir", "gpu",
-                                                                    "shard_gpu", "batch_size")}
+                                                                    "shard_gpu", "batch_size", "embeddings",
+                                                                    "token", "mmap", "shard_size")}
     if encoder is not None and kind != "bm25":
         relevant["bf16"] = encoder.bf16  # bf16 embeddings differ slightly: keep them apart
     opt_hash = hashlib.sha1(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:8]
@@ -146,11 +172,14 @@ def cached_retriever(kind: str, corpus, cache_root: str | Path, encoder_path: st
     d = Path(cache_root) / cache_key(kind, corpus, encoder, **opts)
     if (d / META).is_file():
         log.info("using cached index %s", d)
-        runtime = {k: v for k, v in opts.items() if k in ("nprobe", "ef_search", "gpu", "shard_gpu", "batch_size")}
+        runtime = {k: v for k, v in opts.items() if k in ("nprobe", "ef_search", "gpu", "shard_gpu", "batch_size",
+                                                          "token")}
         return load_retriever(d, corpus=corpus, encoder=encoder, **runtime)
     shards = d / "emb_shards"
     if kind != "bm25":
         opts = {**opts, "cache_dir": shards}
+    if kind == "milvus" and "uri" not in opts:
+        opts["uri"] = str(d / "milvus.db")  # Milvus Lite inside the cache folder
     retriever = build_retriever(kind, corpus, encoder=encoder, **opts)
     retriever.save(d)
     shutil.rmtree(shards, ignore_errors=True)

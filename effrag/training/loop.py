@@ -38,7 +38,9 @@ from ..provenance import file_sha256, package_versions
 from .checkpoints import (RESULTS_NAME, STATE_NAME, checkpoint_dirs, config_changes, plan_start,
                           prepare_output_dir)
 from .config import Config, ConfigError, check_encoder, save_config
-from .data import Collator, FeatureDataset, LengthGroupedSampler, group_ids, read_jsonl, select
+from .data import Collator, LengthGroupedSampler
+from .hf_data import data_exists, describe, is_arrow_source
+from .task_data import build_eval_dataset, build_train_dataset, train_lengths
 from .tasks import Task, get_task
 
 
@@ -77,11 +79,6 @@ def make_accelerator(cfg: Config):
     )
 
 
-def feature_length(f: dict) -> int:
-    """Tokens in a feature: one sequence's length, or a multi-sequence feature's own ``length`` (IRRR steps)."""
-    return f["length"] if "length" in f else len(f["input_ids"])
-
-
 def build_model(task: Task, cfg: Config):
     mc = cfg.model
     options = {"max_length": mc.max_length, "head_dropout": mc.head_dropout, "token_weight": mc.token_weight,
@@ -98,18 +95,6 @@ def build_model(task: Task, cfg: Config):
     check_encoder(mc.name_or_path, "model")
     return task.model_cls.from_encoder(mc.name_or_path, options, attention_dropout=mc.attention_dropout,
                                        hidden_dropout=mc.hidden_dropout, gradient_checkpointing=mc.gradient_checkpointing)
-
-
-def build_eval_dataset(task: Task, model, cfg: Config, files: list[str]) -> FeatureDataset | None:
-    records = []
-    for f in files:
-        records += select(read_jsonl(f, task.check_record), cfg.data.sources, cfg.data.max_eval_examples, cfg.train.seed)
-    if not records:
-        return None
-    groups, names = group_ids(records)
-    feats = [{**x, "group": g} for x, g in zip(task.featurize(model, records, cfg.model.max_length), groups)]
-    feats.sort(key=feature_length)  # metrics are sums: order is free, padding is not
-    return FeatureDataset(feats, names)
 
 
 def optimizer_groups(model, weight_decay: float) -> list[dict]:
@@ -171,6 +156,7 @@ def run_info(cfg: Config, accelerator) -> dict:
         "mixed_precision": accelerator.mixed_precision,
         "versions": {**package_versions(), "effrag": __version__},
         "data_sha256": {f: file_sha256(f) for f in files if f and Path(f).is_file()},
+        "data_arrow": {f: describe(f, cfg.task) for f in files if f and is_arrow_source(f)},
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
 
@@ -181,8 +167,8 @@ def preflight(cfg: Config) -> None:
     if not d.train_file:
         raise ConfigError("data.train_file is not set")
     for key, f in [("data.train_file", d.train_file)] + [("data.eval_files", f) for f in d.eval_files]:
-        if not Path(f).is_file():
-            raise ConfigError(f"{key}: file not found: {f}")
+        if not data_exists(f):
+            raise ConfigError(f"{key}: file not found: {f} (a JSONL file or an Arrow dataset folder / .arrow file)")
     if not (Path(cfg.model.name_or_path) / "effrag_config.json").is_file():
         check_encoder(cfg.model.name_or_path, "model")
 
@@ -225,13 +211,10 @@ def train(cfg: Config, overwrite: bool = False) -> dict:
     t_start = time.time()
 
     model = build_model(task, cfg)
-    records = select(read_jsonl(cfg.data.train_file, task.check_record), cfg.data.sources,
-                     cfg.data.max_train_examples, tc.seed)
-    train_ds = FeatureDataset(task.featurize(model, records, cfg.model.max_length))
+    train_ds = build_train_dataset(task, model, cfg, accelerator)
     eval_ds = build_eval_dataset(task, model, cfg, cfg.data.eval_files)
     collate = (task.collate or Collator)(model.tokenizer.pad_token_id, task.pad_values)
-    sampler = LengthGroupedSampler([feature_length(f) for f in train_ds.features], tc.batch_size, tc.seed) \
-        if tc.group_by_length else None
+    sampler = LengthGroupedSampler(train_lengths(train_ds), tc.batch_size, tc.seed) if tc.group_by_length else None
     # Each DataLoader draws a seed every time it is iterated; from its own generator, not the global one,
     # so a resumed run (whose epoch iterator starts mid-epoch) sees the same dropout masks as an unbroken
     # one, and evaluating does not change training. The shuffled order itself is the seedable sampler's.

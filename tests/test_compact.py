@@ -1,0 +1,66 @@
+"""Compact (int8-row) checkpoints and the shipped model: the format round-trips, loads offline, and
+gives the fp32 model's predictions within int8 error; bad compact files fail with clear messages."""
+import json
+
+import pytest
+import torch
+
+from effrag.models import FilterModel, LabelerModel
+from effrag.models.compact import COMPACT_NAME, dequantize_state_dict, quantize_state_dict
+from effrag.pretrained import loop_config_path, pretrained_path
+
+
+def test_quantize_round_trip_is_close_and_keeps_small_tensors_exact():
+    torch.manual_seed(0)
+    state = {"w": torch.randn(64, 48), "b": torch.randn(48), "ids": torch.arange(5)}
+    stored = quantize_state_dict(state)
+    assert stored["w.__int8"].dtype == torch.int8 and stored["w.__scale"].shape == (64, 1)
+    back = dequantize_state_dict(stored)
+    assert set(back) == set(state)
+    row_max = state["w"].abs().amax(dim=1, keepdim=True)
+    assert bool(((back["w"] - state["w"]).abs() <= row_max / 127 * 0.51 + 1e-3).all())
+    assert torch.equal(back["b"], state["b"]) and torch.equal(back["ids"], state["ids"])
+
+
+def test_compact_labeler_predicts_like_the_fp32_one(tiny_efficientrag_dirs, tmp_path):
+    fp32 = LabelerModel.from_pretrained(tiny_efficientrag_dirs["labeler"])
+    fp32.save_pretrained(tmp_path / "lab", compact=True)
+    assert (tmp_path / "lab" / COMPACT_NAME).is_file() and not (tmp_path / "lab" / "model.safetensors").exists()
+    files = json.loads((tmp_path / "lab" / "effrag_config.json").read_text())["files"]
+    assert COMPACT_NAME in files  # hashed like any weight file, so integrity checks cover it
+    small = LabelerModel.from_pretrained(tmp_path / "lab", verify="full")
+    q, chunk = ["who directed the film?"], [["The", "film", "was", "directed", "by", "Ridley", "Scott", "."]]
+    (p1, w1), = fp32.predict(q, chunk)
+    (p2, w2), = small.predict(q, chunk)
+    assert abs(p1 - p2) < 0.02 and max(abs(a - b) for a, b in zip(w1, w2)) < 0.02
+
+
+def test_compact_file_with_missing_scale_is_a_clear_error(tiny_efficientrag_dirs, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    FilterModel.from_pretrained(tiny_efficientrag_dirs["filter"]).save_pretrained(tmp_path / "fil", compact=True)
+    f = tmp_path / "fil" / COMPACT_NAME
+    stored = load_file(str(f))
+    stored.pop(next(k for k in stored if k.endswith(".__scale")))
+    save_file(stored, str(f))
+    with pytest.raises(ValueError, match="no scale"):
+        FilterModel.from_pretrained(tmp_path / "fil", verify="off")
+
+
+def test_shipped_model_loads_offline_with_its_loop_configs():
+    d = pretrained_path("efficientrag-all")
+    labeler = LabelerModel.from_pretrained(d / "labeler")
+    FilterModel.from_pretrained(d / "filter")
+    (p_gold, _), (p_other, _) = labeler.predict(
+        ["Who founded the company that distributed the film UHF?"] * 2,
+        [["UHF", "(", "film", ")", ":", "UHF", "is", "a", "1989", "comedy", "film", "distributed", "by", "Orion",
+          "Pictures", "."],
+         ["Mount", "Everest", "is", "Earth's", "highest", "mountain", "above", "sea", "level", "."]])
+    assert p_gold > 0.5 > p_other  # a trained model, not random weights
+    for ds in ("hotpotqa", "2wikimqa", "musique"):
+        cfg = json.loads(loop_config_path(ds).read_text())["config"]
+        assert cfg["max_candidates"] <= 10
+    with pytest.raises(ValueError, match="unknown shipped model"):
+        pretrained_path("nope")
+    with pytest.raises(ValueError, match="no loop config"):
+        loop_config_path("strategyqa")

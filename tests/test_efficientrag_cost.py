@@ -1,0 +1,189 @@
+"""EfficientRAG loop cost options (issue #18): int8, prune_last_hop, stop_at_pool, and the cost benchmark.
+
+Real tiny models (tests/conftest.py ``tiny_efficientrag_dirs``) and real BM25 over the bundled HotpotQA sample.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from effrag.data import Corpus, load_questions, sample_path
+from effrag.pipelines.efficientrag import EfficientRAGConfig, EfficientRAGLoop, build_config, int8_copy
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+
+
+@pytest.fixture(scope="module")
+def hotpot():
+    return load_questions(sample_path("hotpotqa", "dev"))[:30]
+
+
+@pytest.fixture(scope="module")
+def corpus(hotpot):
+    return Corpus.from_questions(hotpot)
+
+
+@pytest.fixture(scope="module")
+def retriever(corpus):
+    from effrag.retrieval import build_retriever
+
+    return build_retriever("bm25", corpus, show_progress=False)
+
+
+@pytest.fixture(scope="module")
+def questions(hotpot):
+    return [q.question for q in hotpot[:6]]
+
+
+@pytest.fixture(scope="module")
+def models(tiny_efficientrag_dirs):
+    from effrag.models import FilterModel, LabelerModel
+
+    return (LabelerModel.from_pretrained(tiny_efficientrag_dirs["labeler"]).eval(),
+            FilterModel.from_pretrained(tiny_efficientrag_dirs["filter"]).eval())
+
+
+@pytest.fixture(scope="module")
+def continuing(models):
+    """The tiny Labeler made to continue on every chunk (p(<Continue>) = 0.95), and the Filter."""
+    import copy
+
+    lab = copy.deepcopy(models[0])
+    with torch.no_grad():
+        lab.chunk_head.proj.weight.zero_()
+        lab.chunk_head.proj.bias.copy_(torch.tensor([0.0, 3.0]))
+    return lab, models[1]
+
+
+def pools(results):
+    return [[(c.id, round(c.score, 6), c.fallback) for c in r.chunks] for r in results]
+
+
+def n_pairs(results):
+    return sum(len(e["chunks"]) for r in results for e in r.trace)
+
+
+# ---------------------------------------------------------------------- config
+
+def test_cost_options_default_off_and_left_out_of_to_json():
+    cfg = EfficientRAGConfig()
+    assert (cfg.int8, cfg.stop_at_pool, cfg.prune_last_hop) == (False, None, False)
+    assert not {"int8", "stop_at_pool", "prune_last_hop"} & set(cfg.to_json())  # old configs still match
+    on = cfg.replace(int8=True, stop_at_pool=5, prune_last_hop=True)
+    assert on.to_json()["int8"] is True and on.to_json()["stop_at_pool"] == 5
+    assert build_config(on.to_json()) == on
+    with pytest.raises(ValueError, match="stop_at_pool"):
+        EfficientRAGConfig(stop_at_pool=0)
+
+
+def test_eval_flags_reach_the_config(tiny_efficientrag_dirs, retriever):
+    import argparse
+
+    from effrag.pipelines.efficientrag import EfficientRAGPipeline
+
+    p = argparse.ArgumentParser()
+    EfficientRAGPipeline.add_args(p)
+    a = p.parse_args(["--er-int8", "--prune-last-hop", "--stop-at-pool", "4", "--labeler-max-length", "96"])
+    assert (a.int8, a.prune_last_hop, a.stop_at_pool, a.labeler_max_length) == (True, True, 4, 96)
+    assert p.parse_args([]).int8 is None  # off unless given: a config file's value is not overridden
+    pipe = EfficientRAGPipeline(retriever, labeler=tiny_efficientrag_dirs["labeler"],
+                                filter=tiny_efficientrag_dirs["filter"], int8=True, stop_at_pool=4)
+    assert pipe.config.int8 and pipe.config.stop_at_pool == 4
+
+
+# ---------------------------------------------------------------------- int8
+
+def test_int8_copy_is_close_and_leaves_the_model_alone(models, hotpot):
+    lab, fil = models
+    q = int8_copy(lab)
+    layer, qlayer = lab.encoder.encoder.layer[0], q.encoder.encoder.layer[0]
+    assert type(layer.intermediate.dense) is torch.nn.Linear  # the original is untouched
+    assert q is not lab and type(qlayer.intermediate.dense) is not torch.nn.Linear  # int8
+    assert type(qlayer.output.dense) is torch.nn.Linear and type(q.token_head.proj) is torch.nn.Linear  # fp32
+    queries = [h.question for h in hotpot[:8]]
+    chunks = [[w for p in h.contexts[:1] for w in (p.title + " " + p.text).split()][:60] for h in hotpot[:8]]
+    ref, got = lab.predict(queries, chunks), q.predict(queries, chunks)
+    tag_diff = max(abs(a[0] - b[0]) for a, b in zip(ref, got))
+    word_diff = [abs(x - y) for a, b in zip(ref, got) for x, y in zip(a[1], b[1])]
+    assert tag_diff < 0.1 and sum(word_diff) / len(word_diff) < 0.05  # heads x40: the tiny model is touchy
+    fref, fgot = fil.predict(chunks), int8_copy(fil).predict(chunks)
+    fdiff = [abs(x - y) for a, b in zip(fref, fgot) for x, y in zip(a, b)]
+    assert sum(fdiff) / len(fdiff) < 0.05
+
+
+def test_int8_loop_runs_and_quantizes_once(models, retriever, questions):
+    lab, fil = models
+    loop = EfficientRAGLoop(lab, fil, retriever, EfficientRAGConfig(hop_k=3, max_hops=2, int8=True))
+    r1 = loop.run(questions)
+    first = loop._lab
+    assert first is not lab and loop.labeler is lab
+    assert pools(loop.run(questions)) == pools(r1) and loop._lab is first  # the copy is made once
+    loop.config = loop.config.replace(int8=False)
+    loop.run(questions[:1])
+    assert loop._lab is lab
+
+
+# ---------------------------------------------------------------------- pair skipping / early stop
+
+@pytest.mark.parametrize("order", ["fused", "fused_logit", "hop"])
+def test_prune_last_hop_is_exact_and_reads_fewer_pairs(continuing, retriever, questions, order):
+    lab, fil = continuing
+    base = EfficientRAGConfig(hop_k=4, max_hops=2, tag_threshold=0.3, max_candidates=2, min_candidates=3,
+                              pool_order=order, retrieval_weight=0.05)
+    off = EfficientRAGLoop(lab, fil, retriever, base).run(questions)
+    on = EfficientRAGLoop(lab, fil, retriever, base.replace(prune_last_hop=True)).run(questions)
+    assert pools(on) == pools(off)
+    assert n_pairs(on) <= n_pairs(off)
+    if order == "hop":  # a full pool after hop 0 reads nothing at the last hop
+        assert n_pairs(on) < n_pairs(off)
+
+
+def test_prune_last_hop_does_nothing_without_a_cap(models, retriever, questions):
+    lab, fil = models
+    base = EfficientRAGConfig(hop_k=3, max_hops=2, tag_threshold=0.3)
+    off = EfficientRAGLoop(lab, fil, retriever, base).run(questions)
+    on = EfficientRAGLoop(lab, fil, retriever, base.replace(prune_last_hop=True)).run(questions)
+    assert pools(on) == pools(off) and n_pairs(on) == n_pairs(off)
+    assert [r.trace for r in on] == [r.trace for r in off]
+
+
+def test_stop_at_pool_ends_a_question_once_its_pool_is_full(continuing, retriever, questions):
+    lab, fil = continuing
+    base = EfficientRAGConfig(hop_k=3, max_hops=3, tag_threshold=0.3)
+    off = EfficientRAGLoop(lab, fil, retriever, base).run(questions)
+    on = EfficientRAGLoop(lab, fil, retriever, base.replace(stop_at_pool=1)).run(questions)
+    for a, b in zip(off, on):
+        assert b.trace[0]["chunks"] == a.trace[0]["chunks"]  # hop 0 is the same
+        if any(c["tag"] == "<Continue>" for c in a.trace[0]["chunks"]):
+            assert b.iterations == 1 and b.trace[0]["stop"] == "pool_full" and b.trace[0]["next_queries"] == []
+            assert [c.id for c in b.chunks] == [c.id for c in a.chunks if c.hop == 0]
+    assert n_pairs(on) < n_pairs(off)
+
+
+# ---------------------------------------------------------------------- the benchmark's core
+
+def test_bench_loop_cost_measures_a_tiny_setup(models, retriever, corpus, hotpot):
+    from effrag.data import map_gold
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_loop_cost", Path(__file__).parents[1] / "scripts" / "bench_loop_cost.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    qs = hotpot[:4]
+    setup = SimpleNamespace(texts=[q.question for q in qs], gold=map_gold(qs, corpus), retriever=retriever,
+                            corpus=corpus)
+    lab, fil = models
+    base = EfficientRAGConfig(hop_k=3, max_hops=2, tag_threshold=0.3)
+    out = bench.measure(setup, lab, fil, base, {"baseline": {}, "int8": {"int8": True},
+                                                "prune": {"prune_last_hop": True}},
+                        batch=2, single=1, unit_pairs=8, log=lambda m: None)
+    rows = {r["name"]: r for r in out["rows"]}
+    b = rows["baseline"]
+    assert b["identical"] and rows["prune"]["identical"]
+    assert b["pairs_per_q"] > 0 and b["unit_s"] > 0 and b["ratio"] > 0 and 0 <= b["recall"] <= 1
+    assert b["plain_all_s_per_q"] > 0 and set(b["stages"]) == {"retrieval", "labeler", "filter", "other"}
+    assert "| baseline |" in bench.report(out, b["recall"])

@@ -234,17 +234,11 @@ def _evaluate(ds: str, dev: str, corpus, search, models: dict, loop_config, out:
 
 def _pool_curve(entry: dict, predictions: Path) -> list[dict]:
     """EfficientRAG's ranked pool cut at 1..CURVE_MAX chunks: the loop with ``max_candidates = c``."""
-    from effrag.evaluation.metrics import recall
+    from effrag.evaluation.runner import aggregate
     from effrag.jsonl import read_jsonl
 
     preds = list(read_jsonl(predictions))
-    with_gold = [p for p in preds if p["gold"]]
-    rows = []
-    for c in range(1, CURVE_MAX + 1):
-        rows.append({**entry, "k": c,
-                     "recall": sum(recall(p["retrieved"][:c], p["gold"]) for p in with_gold) / max(1, len(with_gold)),
-                     "avg_chunks": sum(min(c, len(p["retrieved"])) for p in preds) / max(1, len(preds))})
-    return rows
+    return [aggregate(preds, c, entry["method"], entry["dataset"], cut_at_k=True) for c in range(1, CURVE_MAX + 1)]
 
 
 def summarize(rows: list[dict], caps: dict[str, int | None]) -> list[dict]:

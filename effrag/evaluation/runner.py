@@ -51,7 +51,8 @@ def _check_resume(out: Path, config: dict) -> None:
                          "use another output folder or --overwrite")
 
 
-def _aggregate(rows: list[dict], k: int | None, method: str, dataset: str, cut_at_k: bool) -> dict[str, Any]:
+def aggregate(rows: list[dict], k: int | None, method: str, dataset: str, cut_at_k: bool) -> dict[str, Any]:
+    """The metric entry of ``predictions.jsonl`` rows; ``cut_at_k`` scores each ranking's first ``k`` chunks."""
     def mean(xs):
         xs = list(xs)
         return sum(xs) / len(xs) if xs else None
@@ -130,7 +131,7 @@ def evaluate(pipeline, questions: Sequence, gold_ids: Sequence[list[str]], outpu
     sliced = bool(ks) and getattr(pipeline, "slice_k", False)
     # Iterative methods use k per hop: their whole retrieved list counts, whatever its length.
     k_list = sorted(set(ks)) if sliced else [max(ks) if ks else None]
-    entries = [_aggregate(rows, k, pipeline.name, dataset, cut_at_k=sliced) for k in k_list]
+    entries = [aggregate(rows, k, pipeline.name, dataset, cut_at_k=sliced) for k in k_list]
     if config.get("retriever"):
         for e in entries:
             e["retriever"] = config["retriever"]

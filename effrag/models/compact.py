@@ -49,8 +49,9 @@ def dequantize_state_dict(stored: dict[str, torch.Tensor]) -> dict[str, torch.Te
     return out
 
 
-def save_compact_encoder(encoder, path: str | Path) -> Path:
-    """Write ``encoder``'s weights as ``<path>/model.int8.safetensors`` (config.json beside it)."""
+def save_compact_encoder(encoder, path: str | Path, state: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write ``encoder``'s weights (or ``state``, e.g. gathered ZeRO-3 weights) as
+    ``<path>/model.int8.safetensors``, its config.json beside it."""
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -58,7 +59,7 @@ def save_compact_encoder(encoder, path: str | Path) -> Path:
     encoder.config.save_pretrained(path)
     target = path / COMPACT_NAME
     # one metadata key: a byte-identical file on every export (several keys are written in hash order)
-    save_file(quantize_state_dict(encoder.state_dict()), str(target), metadata={"format": "pt"})
+    save_file(quantize_state_dict(state if state is not None else encoder.state_dict()), str(target), metadata={"format": "pt"})
     return target
 
 

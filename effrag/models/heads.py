@@ -270,7 +270,7 @@ class EncoderWithHeads(nn.Module):
         heads = {k: v.detach().contiguous().cpu() for k, v in sd.items() if not k.startswith("encoder.")}
         if compact:
             (path / "model.safetensors").unlink(missing_ok=True)
-            save_compact_encoder(self.encoder, path)
+            save_compact_encoder(self.encoder, path, enc)
         else:
             self.encoder.save_pretrained(path, state_dict=enc)
         save_file(heads, str(path / HEADS_NAME))

@@ -358,7 +358,9 @@ def test_health_counts_queued_and_in_flight_requests(bm25, questions):
     source = GatedSource(bm25)
 
     async def scenario():
-        app, client, stack = await in_process(source, batch_window_ms=5)
+        # a window long enough that all 16 requests arrive before the first batch closes (a 5 ms window let a
+        # slow event loop close it with 2, leaving 14 queued): the batch closes as soon as it holds MAX_BATCH
+        app, client, stack = await in_process(source, batch_window_ms=500)
         async with stack:
             source.gate.clear()
             tasks = [asyncio.ensure_future(client.post("/retrieve", json={"question": questions[i % 12]}))

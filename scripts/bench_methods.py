@@ -46,6 +46,9 @@ def parse_args(argv=None):
     ap.add_argument("--filter", help="EfficientRAG Filter checkpoint")
     ap.add_argument("--method-opts", default="{}", help='JSON: {"ircot": {"reader": "cot"}, ...}')
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch-size", type=int, default=1,
+                    help="questions per pipeline call: with an LLM that takes concurrent requests (hf:, openai:) "
+                         "the LLM methods run them in threads and the hf: backend decodes them as one batch")
     ap.add_argument("--output", required=True, type=Path)
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing: tabulate the finished OUT/<dataset>/<method> runs (e.g. of a stopped bench)")
@@ -163,7 +166,8 @@ def main(argv=None) -> int:
                       "llm": args.llm, "retriever": args.retriever, "corpus_fingerprint": corpus.fingerprint(),
                       "k": args.k, "method_options": extra}
             t0 = time.perf_counter()
-            entry = evaluate(CPUTimed(pipeline), questions, gold, out, config, ks=None, seed=args.seed)[0]
+            entry = evaluate(CPUTimed(pipeline), questions, gold, out, config, ks=None, seed=args.seed,
+                             batch_size=args.batch_size)[0]
             row = summarise(entry, out / "predictions.jsonl")
             table.append(row)
             print(f"{dataset:9s} {name:12s} " + " ".join(f"{c}={fmt(row[c])}" for c in COLUMNS[2:])

@@ -36,6 +36,7 @@ RECORDED = [
      {"decomposed_questions": {"1": {"sub_question": "Who is {the} psychic?", "dependency": []}}}),
     ("\u201cignored\u201d {\u201cfiltered_query\u201d: \u201cWhere was he born?\u201d}",
      {"filtered_query": "Where was he born?"}),
+    ('{ "colour": "#008364,\n  " }', {"colour": "#008364,\n  "}),  # a raw newline inside a string
 ]
 
 
@@ -119,6 +120,19 @@ def gguf_llm(tmp_path_factory):
 
 
 MSG = [{"role": "user", "content": "Name one colour."}]
+
+
+@pytest.mark.llm
+def test_gguf_default_runs_a_q8_0_copy_of_the_bundled_file_with_flash_attention(gguf_llm):
+    from effrag.llm import default_gguf_path
+    from effrag.llm.gguf import requantized
+
+    assert gguf_llm.source_path == default_gguf_path() and gguf_llm.quant == "q8_0" and gguf_llm.flash_attn
+    assert gguf_llm.model_path.name.endswith(".q8_0.gguf") and gguf_llm.model_path.stat().st_size > 100_000_000
+    assert "q8_0" in gguf_llm.model_id  # a different file: cached answers of the Q4_1 file are not reused
+    assert requantized(default_gguf_path(), "q8_0") == gguf_llm.model_path  # made once, then found
+    with pytest.raises(ValueError, match="quant must be one of"):
+        requantized(default_gguf_path(), "q3_k")
 
 
 @pytest.mark.llm

@@ -2,7 +2,7 @@
 
 ``load_llm(spec)`` returns an :class:`LLM` (``chat`` / ``complete`` /
 ``chat_many`` returning :class:`Completion` objects with token counts) backed
-by an OpenAI-compatible server or an in-process GGUF model, with a persistent
+by an OpenAI-compatible server, an in-process GGUF model (llama.cpp) or transformers, with a persistent
 sqlite response cache. ``parse_json_loose`` reads JSON out of messy generations.
 """
 from .base import LLM, Completion, LLMError, LLMRequestError, LLMUnavailableError, Usage
@@ -15,7 +15,7 @@ __all__ = [
     "ResponseCache", "default_cache_path",
     "JSONParseError", "parse_json_loose",
     "LLMSpec", "load_llm", "parse_spec",
-    "OpenAIBackend", "GGUFBackend", "default_gguf_path",
+    "OpenAIBackend", "GGUFBackend", "TransformersBackend", "default_gguf_path",
 ]
 
 
@@ -24,6 +24,10 @@ def __getattr__(name):  # backends import lazily: llama_cpp is optional
         from .openai_backend import OpenAIBackend
 
         return OpenAIBackend
+    if name == "TransformersBackend":
+        from .hf_backend import TransformersBackend
+
+        return TransformersBackend
     if name in ("GGUFBackend", "default_gguf_path"):
         from . import gguf
 

@@ -119,7 +119,7 @@ def parse_json_loose(text: str) -> dict[str, Any]:
             continue
         for cand in _candidates(obj):
             try:
-                value = json.loads(cand)
+                value = json.loads(cand, strict=False)  # raw newlines/tabs inside strings, as small models write
             except json.JSONDecodeError:
                 continue
             if isinstance(value, dict):

@@ -92,8 +92,12 @@ def _prefix_space(tokenizer) -> None:
         tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)
 
 
-def convert_gguf(gguf_file: str | Path, output: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Dequantize a GGUF causal LM into ``output`` (safetensors + word-tagging tokenizer)."""
+def load_dequantized_gguf(gguf_file: str | Path, dtype: torch.dtype = torch.float32, **tokenizer_options):
+    """(causal LM, tokenizer) from a GGUF file, dequantized into a plain model of ``dtype``.
+
+    The model is rebuilt from the config, so nothing of the GGUF loader (quantization config,
+    packed blocks, hooks) stays attached and it saves like any safetensors model.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_file = Path(gguf_file)
@@ -102,9 +106,7 @@ def convert_gguf(gguf_file: str | Path, output: str | Path, dtype: torch.dtype =
     try:
         import gguf  # noqa: F401  (transformers' GGUF reader)
     except ImportError as e:
-        raise ImportError("converting a GGUF needs the 'gguf' package (pip install 'effrag[smollm2]')") from e
-    output = Path(output)
-    tmp = output.with_name(output.name + ".partial")
+        raise ImportError("reading a GGUF needs the 'gguf' package (pip install 'effrag[llm]')") from e
     kwargs = {}
     try:  # transformers >= 5.2x keeps GGUF blocks packed unless told to dequantize
         from transformers import GgufConfig
@@ -114,7 +116,6 @@ def convert_gguf(gguf_file: str | Path, output: str | Path, dtype: torch.dtype =
         pass
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name, dtype=dtype,
                                                   local_files_only=True, **kwargs)
-    # a plain model from the config, so nothing of the GGUF loader (quantization config, hooks) is saved
     config = loaded.config
     for attr in ("quantization_config", "_pre_quantization_dtype"):
         if hasattr(config, attr):
@@ -125,9 +126,35 @@ def convert_gguf(gguf_file: str | Path, output: str | Path, dtype: torch.dtype =
         raise ValueError(f"{gguf_file}: dequantized tensors do not fit {type(model).__name__} "
                          f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
     model.tie_weights()
+    model.generation_config = loaded.generation_config
     del loaded
-    tok = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name, add_prefix_space=True,
-                                        local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name, local_files_only=True,
+                                        **tokenizer_options)
+    return model, tok
+
+
+def save_converted(model, tok, gguf_file: Path, output: Path, meta: dict) -> Path:
+    """Save ``model`` + ``tok`` into ``output`` atomically (a ``.partial`` sibling renamed), with the marker file."""
+    import shutil
+
+    tmp = output.with_name(output.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    meta = {"source": str(gguf_file), "source_size": gguf_file.stat().st_size,
+            "model_type": model.config.model_type, "parameters": sum(p.numel() for p in model.parameters()), **meta}
+    (tmp / CONVERTED_MARKER).write_text(json.dumps(meta, indent=2) + "\n")
+    if output.exists():
+        shutil.rmtree(output)
+    tmp.rename(output)
+    return output
+
+
+def convert_gguf(gguf_file: str | Path, output: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Dequantize a GGUF causal LM into ``output`` (safetensors + word-tagging tokenizer)."""
+    gguf_file = Path(gguf_file)
+    model, tok = load_dequantized_gguf(gguf_file, dtype, add_prefix_space=True)
     sep = tok.eos_token or tok.sep_token
     if sep is None:
         raise ValueError(f"{gguf_file}: tokenizer has no eos token to use as separator")
@@ -136,15 +163,5 @@ def convert_gguf(gguf_file: str | Path, output: str | Path, dtype: torch.dtype =
     _separator_template(tok, sep)
     _prefix_space(tok)
     model.config.use_cache = False
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    meta = {"source": str(gguf_file), "source_size": gguf_file.stat().st_size, "dtype": str(dtype),
-            "model_type": model.config.model_type, "parameters": sum(p.numel() for p in model.parameters()),
-            "separator": sep, "pad_token": tok.pad_token}
-    (tmp / CONVERTED_MARKER).write_text(json.dumps(meta, indent=2) + "\n")
-    if output.exists():
-        import shutil
-
-        shutil.rmtree(output)
-    tmp.rename(output)
-    return output
+    return save_converted(model, tok, gguf_file, Path(output),
+                          {"dtype": str(dtype), "separator": sep, "pad_token": tok.pad_token})

@@ -167,6 +167,17 @@ class LLMMethod(Pipeline):
     def add_args(cls, parser) -> None:
         add_llm_args(parser)
 
+    def run_batch(self, questions: list[str]) -> list[Result]:
+        """Questions in threads when the LLM takes concurrent requests (a server; the transformers backend,
+        which decodes concurrent requests as one batch), else one by one. Results in input order."""
+        n = min(int(getattr(self.llm, "max_concurrency", 1) or 1), len(questions))
+        if n <= 1:
+            return [self.run(q) for q in questions]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=n, thread_name_prefix=f"effrag-{self.name}") as pool:
+            return list(pool.map(self.run, questions))
+
     def session(self, question: str, max_tokens: int | None = None) -> Session:
         return Session(question, self.llm, max_tokens or self.max_tokens, self.temperature, self.seed)
 

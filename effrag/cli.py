@@ -173,7 +173,7 @@ def add_eval_parser(sub) -> None:
                    help="questions per pipeline call (latency is per question either way)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--llm", default=None, metavar="SPEC",
-                   help="LLM for answers: 'default' (bundled SmolLM2), gguf:PATH or openai:URL#model; "
+                   help="LLM for answers: 'default' (bundled SmolLM2), gguf:PATH, hf:default|PATH[#PRECISION] or openai:URL#model; "
                         "retrieval-only methods then also answer with the paper's retrieval prompt")
     p.add_argument("--output", required=True, metavar="DIR", type=output_dir)
     p.add_argument("--overwrite", action="store_true", help="discard earlier predictions in --output")

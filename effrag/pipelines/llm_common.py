@@ -194,7 +194,7 @@ def add_llm_args(parser) -> None:
     have = getattr(parser, "_option_string_actions", {})
     if "--llm" not in have:
         parser.add_argument("--llm", default="default", metavar="SPEC",
-                            help="LLM spec: default (SmolLM2 GGUF), gguf:PATH or openai:URL#MODEL")
+                            help="LLM spec: default (SmolLM2 GGUF), gguf:PATH, hf:default|PATH[#PRECISION] or openai:URL#MODEL")
     if "--prompt-dataset" not in have:
         parser.add_argument("--prompt-dataset", default=None, choices=PROMPT_DATASETS,
                             help="whose few-shot examples to use (default: the questions' dataset if the "

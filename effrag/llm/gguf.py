@@ -74,7 +74,7 @@ QUANTS = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", 
           "f32": "LLAMA_FTYPE_ALL_F32"}
 #: what ``quant="auto"`` turns the bundled SmolLM2 Q4_1 file into. Q4_1 has no fast AVX2 path in llama.cpp;
 #: Q8_0 holds every Q4_1 weight almost exactly and, with flash attention and 128-token micro-batches, reads
-#: prompts ~3.4x faster on 2 cores (reports/llm/report.md). Q4_0 is ~10% faster still, but re-quantizing
+#: prompts ~3x faster on 2 cores (reports/llm/report.md). Q4_0 is ~10% faster still, but re-quantizing
 #: Q4_1 to 4 bits again changed every answer in that benchmark, so it is only an option (``quant="q4_0"``).
 FAST_QUANT = "q8_0"
 

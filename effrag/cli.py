@@ -175,6 +175,14 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--llm", default=None, metavar="SPEC",
                    help="LLM for answers: 'default' (bundled SmolLM2), gguf:PATH, hf:default|PATH[#PRECISION] or openai:URL#model; "
                         "retrieval-only methods then also answer with the paper's retrieval prompt")
+    g = p.add_argument_group("extractive reader (answers without an LLM)")
+    g.add_argument("--reader", default=None, metavar="DIR",
+                   help="trained reader checkpoint (checkpoints/reader-all): retrieval methods answer their pool with "
+                        "it; SearChain verifies with it")
+    g.add_argument("--reader-mode", choices=("together", "each"), default="together",
+                   help="read the ranked chunks packed into windows (default) or each chunk alone")
+    g.add_argument("--reader-context", choices=("chunks", "kept_words"), default="chunks",
+                   help="whole chunks, or only the words EfficientRAG's Labeler kept (its compression)")
     p.add_argument("--output", required=True, metavar="DIR", type=output_dir)
     p.add_argument("--overwrite", action="store_true", help="discard earlier predictions in --output")
     add_answer_alias_args(p)  # --aliases FILE: 2Wiki v1.1 answer aliases
@@ -187,12 +195,16 @@ def _cmd_eval(args) -> None:
     from effrag.data.aliases import apply_aliases
     from effrag.evaluation import evaluate, markdown_table
     from effrag.experiment import RunSetup, method_options
-    from effrag.pipelines import build_pipeline, get_pipeline_class, llm_options
+    from effrag.pipelines import build_pipeline, get_pipeline_class, llm_options, reader_options
 
     cls = get_pipeline_class(args.method)
     ks = sorted(set(args.k or [10]))
     if len(ks) > 1 and not getattr(cls, "slice_k", False):
         raise ValueError(f"method {args.method!r} takes one --k")
+    if args.reader and args.llm and cls.uses_generator:
+        raise ValueError("give --llm or --reader for the answers, not both")
+    # the reader loads before the corpus and index, so a bad checkpoint fails at once
+    reader_opts = reader_options(cls, args.reader, args.reader_mode == "together", args.reader_context)
     setup = RunSetup.from_args(args)
     answer_aliases = apply_aliases(args, setup.questions)  # extends 2Wiki answers in place when --aliases is given
     if setup.missing_gold_warning():
@@ -202,6 +214,7 @@ def _cmd_eval(args) -> None:
     # --llm and the questions' dataset (few-shot prompts), as the method declares it uses them
     llm_opts = {key: v for key, v in llm_options(cls, args.llm, questions[0].dataset).items()
                 if key not in method_opts}
+    llm_opts.update(reader_opts)
     # a method whose depth lives in its own config (EfficientRAG's hop_k in --er-config) keeps it unless --k is given
     k = max(ks) if args.k or not getattr(cls, "k_in_config", False) else None
     pipeline = build_pipeline(args.method, retriever, k=k, **method_opts, **llm_opts)
@@ -212,6 +225,8 @@ def _cmd_eval(args) -> None:
               "index_type": args.index_type if kind != "bm25" else None,
               "bf16": args.bf16, "k": ks, "limit": args.limit, "batch_size": args.batch_size,
               "method_options": method_opts, "llm": args.llm, "answer_aliases": answer_aliases,
+              **({"reader": {"path": args.reader, "mode": args.reader_mode, "context": args.reader_context}}
+                 if args.reader else {}),
               **({"method_config": pipeline.config.to_json()} if hasattr(getattr(pipeline, "config", None), "to_json") else {})}
     entries = evaluate(pipeline, questions, setup.gold, out, config, ks=ks, batch_size=args.batch_size, seed=args.seed)
     print(markdown_table(entries), end="")

@@ -54,3 +54,11 @@ def resolve_bf16(requested: bool | None, device_type: str = "cpu") -> bool:
         return True
     _warn_once(device_type)
     return False
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the platform has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)

@@ -49,3 +49,18 @@ def provenance(*, argv: Sequence[str] | None = None, prog: str | None = None, fi
     return {"command": command_line(argv, prog), "versions": package_versions(),
             "data_sha256": {str(f): file_sha256(f) for f in dict.fromkeys(map(str, files)) if f and Path(f).is_file()},
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"), **extra}
+
+
+def write_report(out_dir: str | Path, markdown: str, data: dict[str, Any], *, args: Any = None,
+                 argv: Sequence[str] | None = None, prog: str | None = None, files: Iterable[str | Path] = (),
+                 md_name: str = "report.md", json_name: str = "report.json") -> None:
+    """A benchmark's ``report.md`` and ``report.json``: ``data`` plus the script's options (``args``,
+    an argparse namespace) and its :func:`provenance`, so every figure says how it was made."""
+    import json
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / md_name).write_text(markdown)
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()} if args is not None else {}
+    (out / json_name).write_text(json.dumps({"config": config, **data, **provenance(argv=argv, prog=prog, files=files)},
+                                            indent=2, default=str))

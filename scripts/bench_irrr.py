@@ -116,17 +116,15 @@ def main(argv=None) -> int:
             print(f"{ds:9s} {name:13s} " + " ".join(f"{c}={fmt(row[c])}" for c in COLUMNS[2:])
                   + f" (wall {time.perf_counter() - t0:.0f}s)", file=sys.stderr)
     from effrag.evaluation.report import md_table
-    from effrag.provenance import provenance
+    from effrag.provenance import write_report
 
     md = (f"Recall, EM and F1 as fractions; avg_chunks = passages returned; paragraphs_read = passages a model "
           f"read (IRRR reader and EfficientRAG Labeler); latency in s per question (batch 1, torch threads = "
           f"{args.threads}). Direct-R and EfficientRAG are answered by IRRR's reader over each returned chunk "
           f"alone (no LLM).\n\n") + md_table(COLUMNS, [[fmt(r[c]) for c in COLUMNS] for r in table])
-    (args.output / "report.md").write_text(md)
     data = [Path(args.data) / ds / f"{split}.jsonl" for ds in args.datasets for split in ("dev", "train")]
-    (args.output / "report.json").write_text(json.dumps(
-        {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "rows": table,
-         **provenance(argv=argv, prog="python scripts/bench_irrr.py", files=data)}, indent=2))
+    write_report(args.output, md, {"rows": table}, args=args, argv=argv, prog="python scripts/bench_irrr.py",
+                 files=data)
     print(md)
     return 0
 

@@ -13,7 +13,7 @@ calls, tokens, parse failures and latency per question to ``OUT/bench.md`` and
 The corpus pools the contexts of the given files (plus ``--corpus-from`` files)
 and is indexed with BM25 (or ``--retriever dense``). Direct-R always runs;
 EfficientRAG runs when ``--labeler`` and ``--filter`` are given; SearChain needs
-a reader checkpoint (``--reader``, default checkpoints/reader-minilm) and is
+a reader checkpoint (``--reader``, default checkpoints/reader-all) and is
 skipped with a note when there is none.
 """
 from __future__ import annotations
@@ -41,10 +41,10 @@ def parse_args(argv=None):
     ap.add_argument("--k", type=int, default=None, help="chunks per retrieval (default: each method's own)")
     ap.add_argument("--retriever", choices=["bm25", "dense"], default="bm25")
     ap.add_argument("--corpus-from", nargs="*", default=[], help="extra files whose contexts join the corpus")
-    ap.add_argument("--reader", default="checkpoints/reader-minilm", help="SearChain reader checkpoint")
+    ap.add_argument("--reader", default="checkpoints/reader-all", help="SearChain reader checkpoint")
     ap.add_argument("--labeler", help="EfficientRAG Labeler checkpoint")
     ap.add_argument("--filter", help="EfficientRAG Filter checkpoint")
-    ap.add_argument("--method-opts", default="{}", help='JSON: {"ircot": {"reader": "cot"}, ...}')
+    ap.add_argument("--method-opts", default="{}", help='JSON: {"ircot": {"reader_prompt": "cot"}, ...}')
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=1,
                     help="questions per pipeline call: with an LLM that takes concurrent requests (hf:, openai:) "

@@ -6,7 +6,7 @@
     python scripts/train_models.py --name all -- --data.max_train_examples 3000   # overrides for every model
     python scripts/train_models.py --name hotpotqa --synth runs/synth/train_hotpotqa  # per-dataset data
     python scripts/train_models.py --models irrr --name all --processes 2   # IRRR -> checkpoints/irrr-all
-    python scripts/train_models.py --models reader --name minilm            # reader -> checkpoints/reader-minilm
+    python scripts/train_models.py --models reader --name all --processes 2   # reader -> checkpoints/reader-all
 
 Per model, in order:
 
@@ -75,14 +75,17 @@ MODELS = {
         data_note="`effrag irrr-data`, dynamic oracle over BM25, recovery augmentation p=0.3, 5 reranker candidates",
         unit="steps", usage="run with `effrag eval --method irrr --irrr-model {path} ...`"),
     "reader": ModelSpec(
-        "SearChain's extractive reader (start/end span head + [CLS] confidence head f; SearChain's theta = 1.5 "
-        "applies to f)", "reader-{name}",
-        ["span_exact", "answerable_accuracy", "span_loss", "confidence_loss"],
-        "best checkpoint, dev records of the first dev questions. span_exact: best span is the answer (answerable "
-        "records); answerable_accuracy: f > 1.5 exactly when the document answers",
-        data_note="`write_reader_data`: SQuAD-style spans in gold paragraphs, sub-questions and evidence triples; "
-        "gold paragraphs without the answer and 1 distractor per question as no-answer",
-        usage="SearChain reads with it: `effrag eval --method searchain --reader {path} ...`"),
+        "Extractive reader (start/end span head, [CLS] confidence head f, [CLS] answer-type head span/yes/no; "
+        "SearChain's theta = 1.5 applies to f)", "reader-{name}",
+        ["answer_exact", "span_exact", "answerable_accuracy", "span_loss", "confidence_loss"],
+        "best checkpoint, dev records of the first dev questions. answer_exact: exact span or yes/no type (answering "
+        "records); span_exact: best span is the answer (span records); answerable_accuracy: f > 1.5 exactly when "
+        "the context answers. QA from gold passages (oracle reading): `python scripts/eval_reader.py`",
+        data_note="`write_reader_data`: SQuAD-style spans in gold paragraphs, sub-questions and evidence triples, "
+        "the full question over its gold paragraphs read together (span or yes/no); gold paragraphs without the "
+        "answer, 1 distractor per question and distractors read together as no-answer",
+        usage="any method answers with it: `effrag eval --method direct-r --reader {path} ...`; SearChain verifies "
+        "with it (`--method searchain --reader {path}`)"),
 }
 
 

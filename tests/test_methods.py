@@ -28,7 +28,7 @@ from effrag.prompts import PROMPT_DIR, load_prompt
 from effrag.retrieval import BM25Retriever
 
 METHODS = ["direct", "cot", "decompose-r", "iter-retgen", "self-ask", "ircot", "searchain", "mcr"]
-READER_CKPT = Path(__file__).resolve().parent.parent / "checkpoints" / "reader-minilm"
+READER_CKPT = Path(__file__).resolve().parent.parent / "checkpoints" / "reader-all"
 
 
 class Replay:
@@ -197,7 +197,7 @@ def test_ircot_caps_paragraphs_at_15(bm25, hotpot_dev):
          "novel author", "river in Europe", "album released"])]
     llm = Replay(sentences + ["no answer here"])
     res = build_pipeline("ircot", bm25, k=8, llm=llm, dataset="hotpotqa", max_steps=8, demos=0,
-                         reader="cot").run(hotpot_dev[1].question)
+                         reader_prompt="cot").run(hotpot_dev[1].question)
     assert len(res.ids) == 15 and len(set(res.ids)) == 15
     assert res.trace["stop_reason"] == "max steps" and res.llm_calls == 9
     # a CoT reader without "answer is" -> the whole generation is the answer, counted as a parse failure

@@ -37,13 +37,21 @@ def data(tmp_path_factory) -> dict:
 def test_records_from_dataset_files_are_spans_and_no_answer_documents(data):
     recs = read_jsonl(data["train"], check_reader_record)  # every record passes the task's check
     assert len(recs) == data["stats"]["records"] and data["stats"]["questions"] == 30
-    answerable = [r for r in recs if r["answer_start"] is not None]
+    answerable = [r for r in recs if r["answer_start"] is not None or r.get("answer_type") in ("yes", "no")]
     assert len(answerable) == data["stats"]["answerable"] and 0 < len(answerable) < len(recs)
+    yes_no = [r for r in recs if r.get("answer_type") in ("yes", "no")]
+    assert yes_no and all(r["answer"] == r["answer_type"] and r["answer_start"] is None for r in yes_no)
+    joint = [r for r in recs if "\n" in r["context"]]  # passages read together
+    assert any(r["answer_start"] is not None for r in joint) and any(r["answer_start"] is None for r in joint)
     assert {r["dataset"] for r in recs} == set(DATASETS)
     assert not any("#1" in r["question"] for r in recs if r["dataset"] == "musique")  # references resolved
     bad = {**answerable[0], "answer_start": answerable[0]["answer_start"] + 1}
     with pytest.raises(RecordError, match=r"x.jsonl:3: field 'answer' .* is not at context"):
         check_reader_record(bad, "x.jsonl:3")
+    with pytest.raises(RecordError, match=r"x.jsonl:4: field 'answer_type' must be one of"):
+        check_reader_record({**yes_no[0], "answer_type": "maybe"}, "x.jsonl:4")
+    with pytest.raises(RecordError, match=r"x.jsonl:5: a 'yes' answer has no span"):
+        check_reader_record({**yes_no[0], "answer_type": "yes", "answer_start": 0}, "x.jsonl:5")
 
 
 def test_train_reader_reduces_loss_predicts_spans_and_round_trips(data, tmp_path):
@@ -54,7 +62,7 @@ def test_train_reader_reduces_loss_predicts_spans_and_round_trips(data, tmp_path
         "train": {"output_dir": str(out), "max_steps": 30, "batch_size": 8, "lr": 2e-3, "log_every": 1,
                   "mixed_precision": "no", "save_every": 0}})
     res = train(cfg)
-    assert res["task"] == "reader" and res["global_step"] == 30 and res["metric_for_best"] == "span_exact"
+    assert res["task"] == "reader" and res["global_step"] == 30 and res["metric_for_best"] == "answer_exact"
     ev = res["eval"]
     assert ev["n"] == sum(ev[f"{d}/n"] for d in DATASETS) and 0 < ev["answerable"] < ev["n"]
     losses = [r["train/loss"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "train/loss" in r]
@@ -79,5 +87,86 @@ def test_train_reader_reduces_loss_predicts_spans_and_round_trips(data, tmp_path
     spec.loader.exec_module(tm)
     card = tm.model_card("tiny", "reader", out, ["accelerate", "launch", "train.py", "--config", "configs/reader.yaml"],
                          None, recipe="python scripts/train_models.py --models reader --name tiny")
-    assert card.startswith("# reader-tiny\n") and "| all | " in card and "span_exact" in card
+    assert card.startswith("# reader-tiny\n") and "| all | " in card and "answer_exact" in card
     assert "load_model(\"checkpoints/reader-tiny\")" in card and "--models reader --name tiny" in card
+
+
+# -- reading a method's pool: windows, answer types, effrag eval --reader ----------------------------------------
+@pytest.fixture(scope="module")
+def reader_dir(data, tmp_path_factory) -> Path:
+    """An (untrained) reader checkpoint on the tiny encoder: reading is deterministic, which is all these tests need."""
+    out = tmp_path_factory.mktemp("reader_ckpt")
+    ExtractiveReader.from_encoder(data["base"], options={"max_length": 96}).save_pretrained(out)
+    return out
+
+
+def test_pack_fills_windows_in_rank_order_within_the_reader_length(reader_dir):
+    reader = ExtractiveReader.from_pretrained(reader_dir)
+    passages = [f"Title {i}: " + " ".join(["word"] * n) for i, n in enumerate([10, 30, 50, 5, 200, 3])]
+    windows = reader.pack("which one?", passages)
+    assert [i for w in windows for i in w] == list(range(len(passages)))  # every passage once, in order
+    assert [4] in windows  # too long for any window: read alone
+    q_len = len(reader.tokenizer("which one?", add_special_tokens=False)["input_ids"])
+    for w in windows:
+        if len(w) > 1:
+            n = sum(len(reader.tokenizer(passages[i], add_special_tokens=False)["input_ids"]) + 1 for i in w)
+            assert q_len + n + 3 <= reader.max_length
+    assert reader.pack("which one?", passages, together=False) == [[i] for i in range(len(passages))]
+    answer, window = reader.read("which one?", passages)
+    assert window in windows and answer.answer_type in ("span", "yes", "no")
+    assert answer.answer == (answer.text if answer.answer_type == "span" else answer.answer_type)
+    empty, none = reader.read("which one?", [])
+    assert none == [] and empty.answer == ""
+
+
+def test_eval_reader_answers_the_pool_of_any_retrieval_method(reader_dir, tmp_path):
+    from effrag.cli import main
+    from effrag.data import build_corpus
+    from effrag.pipelines import build_pipeline
+    from effrag.pipelines.generation import ReaderGenerator
+    from effrag.retrieval import build_retriever
+
+    dev, train = sample_path("hotpotqa", "dev"), sample_path("hotpotqa", "train")
+    argv = ["eval", "--method", "direct-r", "--reader", str(reader_dir), "--questions", str(dev), "--corpus-from",
+            str(train), "--retriever", "bm25", "--k", "4", "--limit", "3", "--output", str(tmp_path / "out")]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())[0]
+    config = json.loads((tmp_path / "out" / "config.json").read_text())["run"]
+    assert config["reader"] == {"path": str(reader_dir), "mode": "together", "context": "chunks"}
+    assert len(rows) == 3 and all(r["llm_calls"] == 0 for r in rows) and "em" in metrics and "f1" in metrics
+    # the same answers as the reader on the same pools, outside the CLI
+    retriever = build_retriever("bm25", build_corpus([train, dev]))
+    pipe = build_pipeline("direct-r", retriever, k=4, generator=ReaderGenerator(str(reader_dir)))
+    from effrag.data import load_questions
+
+    again = pipe.run_batch([q.question for q in load_questions(dev, limit=3)])
+    assert [r["answer"] for r in rows] == [r.answer for r in again]
+    assert all(r["retrieved"] == a.ids for r, a in zip(rows, again))
+
+
+def _eval_error(argv: list, capsys) -> str:
+    from effrag.cli import main
+
+    capsys.readouterr()  # drop what the test itself printed
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_bad_reader_dirs_and_uses_are_one_line_errors(reader_dir, data, tmp_path, capsys):
+    base = ["eval", "--questions", sample_path("hotpotqa", "dev"), "--corpus-from", sample_path("hotpotqa", "train"),
+            "--retriever", "bm25", "--output", tmp_path / "o"]
+    err = _eval_error(base + ["--method", "direct-r", "--reader", tmp_path / "nope"], capsys)
+    assert "nope" in err and "heads.safetensors" in err
+    other = tmp_path / "labeler"
+    from effrag.models import LabelerModel
+
+    LabelerModel.from_encoder(data["base"]).save_pretrained(other)  # a checkpoint, but not a reader
+    err = _eval_error(base + ["--method", "direct-r", "--reader", other], capsys)
+    assert "model_type is 'labeler', expected 'reader'" in err
+    err = _eval_error(base + ["--method", "cot", "--reader", reader_dir], capsys)
+    assert "answers with its LLM" in err and "direct-r" in err
+    err = _eval_error(base + ["--method", "direct-r", "--reader", reader_dir, "--llm", "default"], capsys)
+    assert "--llm or --reader" in err

@@ -14,8 +14,8 @@ import pytest
 from effrag.data import Corpus, Question, load_questions, sample_path
 from effrag.evaluation import evaluate
 from effrag.llm import Completion
-from effrag.pipelines import (Chunk, Result, available_pipelines, build_pipeline, get_pipeline_class,
-                              llm_options)
+from effrag.pipelines import (Chunk, Pipeline, Result, available_pipelines, build_pipeline, get_pipeline_class,
+                              llm_options, reader_options)
 from effrag.pipelines.generation import Generator
 from effrag.prompts import PromptSet, fill, load_prompt
 from effrag.retrieval import BM25Retriever
@@ -165,7 +165,7 @@ def test_declared_needs_match_the_constructor(name):
         if "__init__" in vars(mro_cls):
             takes |= set(inspect.signature(mro_cls.__init__).parameters)
     assert cls.uses_llm == ("llm" in takes) and cls.uses_generator == ("generator" in takes)
-    assert cls.uses_dataset == ("dataset" in takes)
+    assert cls.uses_dataset == ("dataset" in takes) and cls.uses_reader == ("reader" in takes)
 
 
 def test_llm_options_follow_the_declarations():
@@ -174,8 +174,22 @@ def test_llm_options_follow_the_declarations():
     assert isinstance(gen, Generator) and gen.dataset == "musique" and gen.llm == "default"
     assert llm_options(get_pipeline_class("ircot"), "gguf:x", "hotpotqa") == {"llm": "gguf:x", "dataset": "hotpotqa"}
     assert llm_options(get_pipeline_class("cot"), None, "2wikimqa") == {"dataset": "2wikimqa"}
-    with pytest.raises(ValueError, match="method 'irrr' does not use an LLM"):
-        llm_options(get_pipeline_class("irrr"), "default", "hotpotqa")
+    assert isinstance(llm_options(get_pipeline_class("irrr"), "default", "hotpotqa")["generator"], Generator)
+
+    class RetrievalOnly(Pipeline):  # takes neither an LLM nor a generator
+        name = "retrieval-only"
+
+    with pytest.raises(ValueError, match="method 'retrieval-only' does not use an LLM"):
+        llm_options(RetrievalOnly, "default", "hotpotqa")
+
+
+def test_reader_options_follow_the_declarations():
+    assert reader_options(get_pipeline_class("direct-r"), None) == {}
+    assert reader_options(get_pipeline_class("searchain"), "ckpt") == {"reader": "ckpt"}
+    with pytest.raises(ValueError, match="method 'ircot' answers with its LLM; --reader applies to .*direct-r"):
+        reader_options(get_pipeline_class("ircot"), "ckpt")
+    with pytest.raises(FileNotFoundError, match="reader checkpoint nowhere: no heads.safetensors"):
+        reader_options(get_pipeline_class("efficientrag"), "nowhere")
 
 
 def test_llm_methods_give_each_chunk_its_hop_and_query(bm25, hotpot):

@@ -20,6 +20,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from effrag.hardware import usable_cores
+
 from .base import LLM, LLMRequestError, LLMUnavailableError
 from .cache import ResponseCache, cache_root
 
@@ -119,14 +121,6 @@ def requantized(src: Path, quant: str) -> Path:
         raise LLMUnavailableError(f"gguf:{src}: llama.cpp could not re-quantize it to {quant}")
     os.replace(tmp, out)
     return out
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the platform has one)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # macOS, Windows
-        return max(1, os.cpu_count() or 1)
 
 
 def _import_llama_cpp():

@@ -11,7 +11,7 @@ from .filter import FilterModel
 from .heads import CONFIG_NAME, ENCODER_ALIASES, EncoderWithHeads, read_effrag_config, resolve_encoder
 from .irrr import IRRRModel
 from .labeler import LabelerModel
-from .reader import ExtractiveReader
+from .reader import ExtractiveReader, load_reader_checkpoint
 from .tokenization import IGNORE, encode_pairs, encode_singles, pad_batch
 
 MODEL_TYPES: dict[str, type[EncoderWithHeads]] = {"labeler": LabelerModel, "filter": FilterModel, "irrr": IRRRModel,
@@ -34,7 +34,7 @@ def load_model(path: str | Path, **kwargs) -> EncoderWithHeads:
 
 
 __all__ = [
-    "LabelerModel", "FilterModel", "IRRRModel", "ExtractiveReader", "EncoderWithHeads", "load_model", "register_model",
+    "LabelerModel", "FilterModel", "IRRRModel", "ExtractiveReader", "load_reader_checkpoint", "EncoderWithHeads", "load_model", "register_model",
     "MODEL_TYPES",
     "resolve_encoder", "ENCODER_ALIASES", "encode_pairs", "encode_singles", "pad_batch", "IGNORE",
 ]

@@ -8,6 +8,13 @@ confidence is a logit: it is trained with binary cross-entropy on "does this
 document answer this question", so the paper's threshold ``theta = 1.5`` means
 P(answerable) > 0.82.
 
+A third head on [CLS] classifies the answer type (span / yes / no), so the reader also answers
+comparison questions whose answer is not in any text (HotpotQA's and 2Wiki's yes/no). It reads one
+passage or several packed together (``"title: text"`` blocks): :meth:`ExtractiveReader.read`
+reads a method's ranked chunks in windows and keeps the most confident window's answer, which makes
+it an LLM-free answer generator for any retrieval method (``effrag eval --reader DIR``,
+:class:`effrag.pipelines.generation.ReaderGenerator`).
+
 The reader is an :class:`~effrag.models.heads.EncoderWithHeads` model like the
 Labeler and the Filter (same checkpoint format, ``load_model`` opens it) and is
 trained by the one training loop: task ``reader`` (:mod:`effrag.training.tasks.reader`,
@@ -16,6 +23,7 @@ which also builds its SQuAD-style examples from dataset files), ``configs/reader
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -23,10 +31,12 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from .heads import EncoderWithHeads
+from .tokenization import IGNORE  # a target the loss skips: spans of yes/no examples, types of no-answer ones
 
 CONFIDENCE_THRESHOLD = 1.5  # SearChain's theta on f
 MAX_ANSWER_TOKENS = 30
 NEG = -1e4  # logit of padding positions
+ANSWER_TYPES = ("span", "yes", "no")  # the type head's classes
 
 
 @dataclass
@@ -38,9 +48,15 @@ class ReaderAnswer:
     start: int  # character offsets into the document
     end: int
     span_score: float  # start logit + end logit of the chosen span
+    answer_type: str = "span"  # the type head's choice: "span", "yes" or "no"
+
+    @property
+    def answer(self) -> str:
+        """What the reader answers: "yes"/"no" when the type head says so, else the span."""
+        return self.text if self.answer_type == "span" else self.answer_type
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "answer": self.answer}
 
 
 @dataclass
@@ -51,6 +67,16 @@ class ReaderOutput(ModelOutput):
     start_logits: torch.Tensor | None = None  # [B, T], padding at NEG
     end_logits: torch.Tensor | None = None
     confidence: torch.Tensor | None = None  # [B], the logit f
+    type_loss: torch.Tensor | None = None
+    type_logits: torch.Tensor | None = None  # [B, 3] over ANSWER_TYPES
+
+
+def _mean_ce(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy averaged over the rows whose target is not IGNORE (0 when there are none)."""
+    keep = target != IGNORE
+    if not bool(keep.any()):
+        return logits.sum() * 0.0
+    return nn.functional.cross_entropy(logits[keep], target[keep])
 
 
 def best_spans(start: torch.Tensor, end: torch.Tensor, allowed: torch.Tensor,
@@ -67,29 +93,35 @@ def best_spans(start: torch.Tensor, end: torch.Tensor, allowed: torch.Tensor,
 
 
 class ExtractiveReader(EncoderWithHeads):
-    """A BERT-style encoder with start/end span heads and a [CLS] confidence head."""
+    """A BERT-style encoder with start/end span heads, a [CLS] confidence head and a [CLS] answer-type head."""
 
     model_type = "reader"
-    label_names = {"span": ["start", "end"], "confidence": ["does not answer", "answers"]}
+    label_names = {"span": ["start", "end"], "confidence": ["does not answer", "answers"],
+                   "answer_type": list(ANSWER_TYPES)}
 
     def build_heads(self, hidden: int, dropout: float) -> None:
         self.head_dropout = nn.Dropout(dropout)
         self.span_head = nn.Linear(hidden, 2)  # w_s, w_e
         self.conf_head = nn.Linear(hidden, 1)  # w_f
+        self.type_head = nn.Linear(hidden, len(ANSWER_TYPES))
 
     def forward(self, input_ids, attention_mask, token_type_ids=None, start_positions=None, end_positions=None,
-                answerable=None) -> ReaderOutput:
-        """Span and confidence logits; with targets, the loss: mean start/end cross-entropy (a document
-        that does not answer points both at [CLS]) plus the confidence's binary cross-entropy."""
+                answerable=None, answer_type=None) -> ReaderOutput:
+        """Span, confidence and answer-type logits; with targets, the loss: mean start/end cross-entropy
+        (a document that does not answer points both at [CLS]; yes/no examples are skipped), the
+        confidence's binary cross-entropy and the answer type's cross-entropy (answering examples only)."""
         hidden = self.head_dropout(self.encode_hidden(input_ids, attention_mask, token_type_ids))
         start, end = self.span_head(hidden).float().masked_fill((attention_mask == 0)[..., None], NEG).unbind(-1)
         confidence = self.conf_head(hidden[:, 0]).float()[:, 0]
-        out = ReaderOutput(start_logits=start, end_logits=end, confidence=confidence)
+        types = self.type_head(hidden[:, 0]).float()
+        out = ReaderOutput(start_logits=start, end_logits=end, confidence=confidence, type_logits=types)
         if start_positions is not None and end_positions is not None and answerable is not None:
-            ce = nn.functional.cross_entropy
-            out.span_loss = (ce(start, start_positions) + ce(end, end_positions)) / 2
+            out.span_loss = (_mean_ce(start, start_positions) + _mean_ce(end, end_positions)) / 2
             out.confidence_loss = nn.functional.binary_cross_entropy_with_logits(confidence, answerable.float())
             out.loss = out.span_loss + out.confidence_loss
+            if answer_type is not None:
+                out.type_loss = _mean_ce(types, answer_type)
+                out.loss = out.loss + out.type_loss
         return out
 
     def encode(self, questions: Sequence[str], documents: Sequence[str], max_length: int | None = None,
@@ -103,7 +135,7 @@ class ExtractiveReader(EncoderWithHeads):
     @torch.inference_mode()
     def predict(self, questions: Sequence[str], documents: Sequence[str], batch_size: int = 16,
                 max_answer_tokens: int = MAX_ANSWER_TOKENS) -> list[ReaderAnswer]:
-        """Best span in each document (never empty) and the confidence logit ``f``."""
+        """Best span in each document (never empty), the confidence logit ``f`` and the answer type."""
         if len(questions) != len(documents):
             raise ValueError(f"{len(questions)} questions but {len(documents)} documents")
         was_training = self.training
@@ -118,13 +150,64 @@ class ExtractiveReader(EncoderWithHeads):
                 in_doc = torch.tensor([[s == 1 for s in enc.sequence_ids(b)] for b in range(len(qs))],
                                       device=res.start_logits.device)
                 starts, ends, scores = best_spans(res.start_logits, res.end_logits, in_doc, max_answer_tokens)
+                types = res.type_logits.argmax(-1).tolist()
                 for b in range(len(qs)):
-                    conf = float(res.confidence[b])
+                    conf, kind = float(res.confidence[b]), ANSWER_TYPES[types[b]]
                     if not bool(in_doc[b].any()):
-                        out.append(ReaderAnswer("", conf, 0, 0, float("-inf")))
+                        out.append(ReaderAnswer("", conf, 0, 0, float("-inf"), kind))
                         continue
                     c0, c1 = int(offsets[b, int(starts[b]), 0]), int(offsets[b, int(ends[b]), 1])
-                    out.append(ReaderAnswer(ds[b][c0:c1], conf, c0, c1, float(scores[b])))
+                    out.append(ReaderAnswer(ds[b][c0:c1], conf, c0, c1, float(scores[b]), kind))
         finally:
             self.train(was_training)
         return out
+
+    def pack(self, question: str, passages: Sequence[str], together: bool = True) -> list[list[int]]:
+        """Indices of ``passages`` read per window, in their order: consecutive passages while
+        question + passages fit ``max_length`` tokens (``together``), else one passage per window.
+        A passage too long for a window of its own is read alone (truncated)."""
+        if not together:
+            return [[i] for i in range(len(passages))]
+        budget = self.max_length - len(self.tokenizer(question, add_special_tokens=False)["input_ids"]) - 3
+        sizes = [len(ids) + 1 for ids in self.tokenizer(list(passages), add_special_tokens=False)["input_ids"]]
+        windows: list[list[int]] = []
+        used = budget + 1
+        for i, n in enumerate(sizes):
+            if used + n > budget:
+                windows.append([])
+                used = 0
+            windows[-1].append(i)
+            used += n
+        return windows
+
+    def read(self, question: str, passages: Sequence[str], together: bool = True,
+             batch_size: int = 16) -> tuple[ReaderAnswer, list[int]]:
+        """The answer to ``question`` from ranked ``passages`` (plain strings, e.g. ``"title: text"``):
+        each window of :meth:`pack` is read as one document and the window with the highest
+        confidence answers. Returns that answer and the indices of the passages in its window."""
+        if not passages:
+            return ReaderAnswer("", float("-inf"), 0, 0, float("-inf")), []
+        windows = self.pack(question, passages, together)
+        docs = [PASSAGE_SEPARATOR.join(passages[i] for i in w) for w in windows]
+        answers = self.predict([question] * len(docs), docs, batch_size=batch_size)
+        best = max(range(len(answers)), key=lambda j: answers[j].confidence)
+        return answers[best], windows[best]
+
+
+PASSAGE_SEPARATOR = "\n"  # between packed passages, in training records and at reading time alike
+
+
+def passage_text(title: str, text: str) -> str:
+    """How the reader sees one passage: ``"title: text"`` (the title often names the answer's entity)."""
+    return f"{title}: {text}" if title else text
+
+
+def load_reader_checkpoint(path: "str | Path") -> ExtractiveReader:
+    """An :class:`ExtractiveReader` from a checkpoint folder, with a clear error for anything else."""
+    from .heads import HEADS_NAME
+
+    path = Path(path)
+    if not (path / HEADS_NAME).is_file():
+        raise FileNotFoundError(f"reader checkpoint {path}: no {HEADS_NAME} there (train one with "
+                                "`python scripts/train_models.py --models reader --name all`)")
+    return ExtractiveReader.from_pretrained(path)

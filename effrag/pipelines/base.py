@@ -48,7 +48,9 @@ class Pipeline:
     ``uses_llm``: an LLM (``llm=``, an :class:`effrag.llm.LLM` or a spec string);
     ``uses_generator``: an answer ``generator=`` hook run over the retrieved chunks
     (see :func:`.generation.answer_results`); ``uses_dataset``: the questions' dataset
-    (``dataset=``, e.g. to pick few-shot prompts).
+    (``dataset=``, e.g. to pick few-shot prompts); ``uses_reader``: an extractive reader
+    checkpoint of its own (``reader=``, SearChain's verifier). :func:`reader_options` turns
+    ``effrag eval --reader DIR`` into ``reader=`` or an LLM-free ``generator=``.
     """
 
     name = "pipeline"
@@ -56,6 +58,7 @@ class Pipeline:
     uses_llm = False
     uses_generator = False
     uses_dataset = False
+    uses_reader = False
 
     def run(self, question: str) -> Result:
         raise NotImplementedError
@@ -89,6 +92,25 @@ def llm_options(cls: type[Pipeline], llm: str | None, dataset: str | None) -> di
     else:
         raise ValueError(f"method {cls.name!r} does not use an LLM (--llm)")
     return opts
+
+
+def reader_options(cls: type[Pipeline], reader: Any, together: bool = True, context: str = "chunks") -> dict[str, Any]:
+    """Keywords for ``cls(...)`` from a trained extractive reader (``effrag eval --reader DIR``).
+
+    A method with a reader of its own gets it as ``reader=``; a retrieve-then-read method answers
+    its pool with it (a :class:`~.generation.ReaderGenerator`, no LLM call). Raises ValueError for
+    a method that answers with its LLM.
+    """
+    if reader is None:
+        return {}
+    if cls.uses_reader:
+        return {"reader": reader}
+    if cls.uses_generator:
+        from .generation import ReaderGenerator
+
+        return {"generator": ReaderGenerator(reader, together=together, context=context)}
+    readers = [n for n in available_pipelines() if _REGISTRY[n].uses_generator or _REGISTRY[n].uses_reader]
+    raise ValueError(f"method {cls.name!r} answers with its LLM; --reader applies to {', '.join(readers)}")
 
 
 def register_pipeline(name: str, aliases: tuple[str, ...] = ()) -> Callable[[type], type]:

@@ -4,6 +4,7 @@ One :class:`Generator` is shared by EfficientRAG and Direct-R (and any other
 retrieve-then-read method), so end-to-end QA differences come from the chunks
 alone: same prompt (Tables 14-16 of the paper, ``effrag/prompts/qa/``), same
 LLM call, same answer extraction (:func:`.answers.parse_answer`, JSON form).
+:class:`ReaderGenerator` answers the same way without an LLM, with a trained extractive reader.
 :func:`answer_results` applies any pipeline's ``generator`` hook to its results.
 :func:`judge_answer` is the paper's LLM-judged accuracy (Table 7).
 """
@@ -38,6 +39,15 @@ def _field(chunk: Any, name: str, default: Any = None) -> Any:
     return getattr(chunk, name, default)
 
 
+def chunk_context(chunk: Any, context: str = "chunks") -> str:
+    """A chunk's text as a reader sees it: whole, or only the words the Labeler kept
+    (``context="kept_words"``, EfficientRAG's compression; falls back to the whole text when none)."""
+    if context not in CONTEXT_MODES:
+        raise ValueError(f"context must be one of {CONTEXT_MODES}, got {context!r}")
+    kept = _field(chunk, "kept_words") if context == "kept_words" else None
+    return join_words(list(kept)) if kept else (_field(chunk, "text", "") or "")
+
+
 def format_knowledge(chunks: Sequence[Any], context: str = "chunks", with_titles: bool = True) -> str:
     """The ``{knowledge}`` block: one chunk per line, ``"<title>: <text>"``.
 
@@ -45,15 +55,9 @@ def format_knowledge(chunks: Sequence[Any], context: str = "chunks", with_titles
     (EfficientRAG's context compression); chunks without ``kept_words`` (or with
     none kept) fall back to their full text so no retrieved evidence is dropped silently.
     """
-    if context not in CONTEXT_MODES:
-        raise ValueError(f"context must be one of {CONTEXT_MODES}, got {context!r}")
     lines = []
     for c in chunks:
-        text = _field(c, "text", "") or ""
-        if context == "kept_words":
-            kept = _field(c, "kept_words")
-            if kept:
-                text = join_words(list(kept))
+        text = chunk_context(c, context)
         title = _field(c, "title", "") or ""
         lines.append(f"{title}: {text}" if with_titles and title else text)
     return "\n".join(lines)
@@ -147,6 +151,36 @@ class Generator:
                                      prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens,
                                      latency_s=c.latency if c.latency else per_q))
         return result
+
+
+class ReaderGenerator:
+    """A trained extractive reader as the answer ``generator`` of any retrieve-then-read method (no LLM).
+
+    ``ReaderGenerator(dir)(question, chunks)`` reads the ranked chunks packed into windows of the
+    reader's length (``together=True``; ``False`` reads each chunk alone) and answers from the most
+    confident window (:meth:`effrag.models.ExtractiveReader.read`): a span, or yes/no. With
+    ``context="kept_words"`` it reads EfficientRAG's kept words instead of whole chunks. Every
+    retrieval method then compares on EM/F1 with one reader and no LLM call (``effrag eval --reader DIR``).
+    """
+
+    def __init__(self, reader: Any, together: bool = True, context: str = "chunks", batch_size: int = 16):
+        from effrag.models.reader import load_reader_checkpoint
+
+        if context not in CONTEXT_MODES:
+            raise ValueError(f"context must be one of {CONTEXT_MODES}, got {context!r}")
+        self.reader = (load_reader_checkpoint(reader) if not hasattr(reader, "read") else reader).eval()
+        self.together, self.context, self.batch_size = together, context, batch_size
+
+    def __call__(self, question: str, chunks: Sequence[Any]) -> dict[str, Any]:
+        from effrag.models.reader import passage_text
+
+        t0 = time.perf_counter()
+        passages = [passage_text(_field(c, "title", "") or "", chunk_context(c, self.context)) for c in chunks]
+        ans, window = self.reader.read(question, passages, self.together, self.batch_size)
+        return {"answer": ans.answer, "llm_calls": 0, "latency_s": time.perf_counter() - t0,
+                "trace": {"reader": "extractive", "together": self.together, "context": self.context,
+                          "window": [_field(chunks[i], "id") for i in window],
+                          "confidence": round(ans.confidence, 4), "answer_type": ans.answer_type}}
 
 
 def answer_results(generator: Any, results: list[Result]) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ keep only the first new sentence, and (ii) *retrieve*: ``K`` paragraphs for that
 sentence, added to the collection (capped at 15 paragraphs in total). Stop when
 the sentence contains "answer is" or after ``max_steps`` (8 in the paper). Section
 3.2: a separate reader answers from the collected paragraphs with Direct or CoT
-prompting (``--reader``); a CoT reader's answer is read from "answer is: X", and a
+prompting (``--reader-prompt``); a CoT reader's answer is read from "answer is: X", and a
 generation without it is taken whole as the answer (counted in ``parse_failures``).
 
 Demonstrations show each demo question's gold paragraphs plus ``M`` distractors
@@ -65,14 +65,14 @@ class IRCoT(LLMMethod):
 
     def __init__(self, retriever, k: int = 4, llm: Any = "default", dataset: str | None = None,
                  distractors: int = 2, demos: int = 2, max_steps: int = 8, max_paragraphs: int = 15,
-                 reader: str = "direct", reader_max_tokens: int | None = None, max_paragraph_words: int = 80,
+                 reader_prompt: str = "direct", reader_max_tokens: int | None = None, max_paragraph_words: int = 80,
                  context_chars: int | None = None, **kw: Any):
         super().__init__(retriever, k=k, llm=llm, dataset=dataset, **kw)
-        if reader not in READERS:
-            raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
+        if reader_prompt not in READERS:
+            raise ValueError(f"reader_prompt must be one of {READERS}, got {reader_prompt!r}")
         self.m, self.n_demos, self.max_steps, self.max_paragraphs = distractors, demos, max_steps, max_paragraphs
-        self.reader, self.max_paragraph_words = reader, max_paragraph_words
-        self.reader_max_tokens = reader_max_tokens or (32 if reader == "direct" else 160)
+        self.reader_prompt, self.max_paragraph_words = reader_prompt, max_paragraph_words
+        self.reader_max_tokens = reader_max_tokens or (32 if reader_prompt == "direct" else 160)
         self.prompts = load_prompt("methods/ircot")
         n_ctx = getattr(self.llm, "n_ctx", None)
         # ~3 characters per token is a safe bound for English with these tokenizers
@@ -85,7 +85,7 @@ class IRCoT(LLMMethod):
         parser.add_argument("--demos", type=int, default=2, help="demonstrations in the prompt (as many as fit)")
         parser.add_argument("--max-steps", type=int, default=8, help="reason-step cap (paper: 8)")
         parser.add_argument("--max-paragraphs", type=int, default=15, help="cap on collected paragraphs (paper: 15)")
-        parser.add_argument("--reader", choices=READERS, default="direct", help="QA reader prompting")
+        parser.add_argument("--reader-prompt", choices=READERS, default="direct", help="QA reader prompting")
         parser.add_argument("--max-paragraph-words", type=int, default=80, help="paragraph length in prompts")
 
     # ----------------------------------------------------------------- prompts
@@ -161,11 +161,11 @@ class IRCoT(LLMMethod):
                 break
             added = self.add_paragraphs(collected, self.search([sent], session=s)[0])
             steps.append({"sentence": sent, "added": added})
-        prompt, fit = self.fit_prompt(question, collected, self.reader)
+        prompt, fit = self.fit_prompt(question, collected, self.reader_prompt)
         fits.append(fit)
         raw = s.ask(prompt, max_tokens=self.reader_max_tokens, stop=["\n\n", "Wikipedia Title:", "\nQ:"])
         # a CoT reader states "answer is: X"; a direct reader writes the answer alone after "A:"
-        answer, ok = parse_answer(raw, "sentence" if self.reader == "cot" else "line")
+        answer, ok = parse_answer(raw, "sentence" if self.reader_prompt == "cot" else "line")
         return s.result(collected, answer, iterations=len(cot), parse_failures=0 if ok else 1,
                         trace={"cot": cot, "steps": steps, "stop_reason": stop, "reader_output": raw,
                                "prompt_fit": fits})

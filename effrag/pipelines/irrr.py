@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from .base import Pipeline, register_pipeline
+from .generation import answer_results
 from .result import Chunk, Result
 
 
@@ -144,10 +145,16 @@ def outcome(steps: list[dict]) -> dict:
 
 @register_pipeline("irrr")
 class IRRRPipeline(Pipeline):
-    """IRRR as an ``effrag eval`` method: ``--irrr-model DIR`` plus the loop options."""
+    """IRRR as an ``effrag eval`` method: ``--irrr-model DIR`` plus the loop options.
+
+    IRRR answers with its own reader; a ``generator`` (``--reader DIR`` or ``--llm``) answers its
+    returned paragraphs instead, so it compares with other methods on the same reader.
+    """
+
+    uses_generator = True
 
     def __init__(self, retriever, irrr_model=None, k: int | None = None, config: IRRRConfig | dict | None = None,
-                 **options: Any):
+                 generator: Any = None, **options: Any):
         from ..models import IRRRModel
 
         if irrr_model is None:
@@ -162,6 +169,7 @@ class IRRRPipeline(Pipeline):
         model = IRRRModel.from_pretrained(irrr_model) if not isinstance(irrr_model, torch.nn.Module) else irrr_model
         self.config = IRRRConfig(**base)
         self.runner = IRRRRunner(model, retriever, self.config)
+        self.generator = generator
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -189,4 +197,8 @@ class IRRRPipeline(Pipeline):
                                      score=r["answerability"]) for cid in r["retrieved"]]
             results.append(Result(q, chunks, r["answer"], trace=r["steps"], iterations=r["iterations"],
                                   timing=r["timing"], extra={"paragraphs_read": r["paragraphs_read"]}))
+        if self.generator is not None:  # the generator answers; IRRR's own answer stays in extra
+            own = [res.answer for res in results]
+            for res, mine, reply in zip(results, own, answer_results(self.generator, results)):
+                res.extra.update(irrr_answer=mine, generator=reply.get("trace"))
         return results

@@ -32,7 +32,7 @@ from .base import register_pipeline
 from .llm_common import LLMMethod, Session, add_llm_args, same_answer
 from .result import Result
 
-DEFAULT_READER = "checkpoints/reader-minilm"
+DEFAULT_READER = "checkpoints/reader-all"
 _LINE = re.compile(r"^\[(Query|Answer|Unsolved Query|Final Content|Question)\s*(\d*)\]\s*:?\s*(.*)$", re.I)
 _MARK = re.compile(r"\[(\d+)\]")
 
@@ -104,16 +104,9 @@ def parse_coq(text: str) -> CoQ:
 
 def load_reader(reader: Any):
     if reader is None or isinstance(reader, (str, Path)):
-        from effrag.models.heads import HEADS_NAME
-        from effrag.models.reader import ExtractiveReader
+        from effrag.models.reader import load_reader_checkpoint
 
-        path = Path(reader or DEFAULT_READER)
-        if not (path / HEADS_NAME).is_file():  # a folder of committed text files only has no weights
-            raise FileNotFoundError(f"SearChain reader checkpoint {path} not found (no {HEADS_NAME}); train one with "
-                                    "`python scripts/train_models.py --models reader --name minilm` (data from "
-                                    "../shared/data, installs checkpoints/reader-minilm), or with train.py: "
-                                    "`accelerate launch train.py --config configs/reader.yaml`")
-        return ExtractiveReader.from_pretrained(path)
+        return load_reader_checkpoint(reader or DEFAULT_READER)
     if not hasattr(reader, "predict"):
         raise TypeError(f"reader must be a checkpoint path or an ExtractiveReader, got {type(reader).__name__}")
     return reader
@@ -122,6 +115,7 @@ def load_reader(reader: Any):
 @register_pipeline("searchain")
 class SearChain(LLMMethod):
     default_max_tokens = 256
+    uses_reader = True  # its verifier: effrag eval --reader DIR (default checkpoints/reader-all)
 
     def __init__(self, retriever, k: int = 1, llm: Any = "default", dataset: str | None = None,
                  reader: Any = DEFAULT_READER, theta: float = 1.5, max_rounds: int = 3, **kw: Any):
@@ -133,7 +127,6 @@ class SearChain(LLMMethod):
     @classmethod
     def add_args(cls, parser) -> None:
         add_llm_args(parser)
-        parser.add_argument("--reader", default=DEFAULT_READER, metavar="DIR", help="extractive reader checkpoint")
         parser.add_argument("--theta", type=float, default=1.5, help="reader confidence threshold (paper: 1.5)")
         parser.add_argument("--max-rounds", type=int, default=3, help="r_max: LLM-IR interaction rounds")
 
@@ -155,7 +148,7 @@ class SearChain(LLMMethod):
             return Feedback("pass", node, None, "", float("-inf"))
         doc = hits[0]
         ra = self.reader.predict([node.query], [doc.text])[0]
-        return self.decide(question, node, doc, ra.text, ra.confidence)
+        return self.decide(question, node, doc, ra.answer, ra.confidence)
 
     def decide(self, question: str, node: Node, doc, g: str, f: float) -> Feedback:
         p = self.prompts

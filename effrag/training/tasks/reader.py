@@ -1,15 +1,18 @@
-"""The ``reader`` training task: SearChain's extractive reader on SQuAD-style examples.
+"""The ``reader`` training task: the extractive reader (span + yes/no + no-answer) on SQuAD-style examples.
 
-A record (one JSONL line) is ``{"question", "context", "answer", "answer_start", "dataset"}``;
-``answer_start`` null means the context does not answer the question (both span heads then
-point at [CLS] and the confidence target is 0). :func:`write_reader_data` builds these files
-from dataset files (:func:`build_reader_examples`): gold passages of each question give
+A record (one JSONL line) is ``{"question", "context", "answer", "answer_start", "dataset"}`` and an
+optional ``"answer_type"`` (``"span"``, ``"yes"``, ``"no"``). ``answer_start`` null means the context
+does not answer the question (both span heads then point at [CLS] and the confidence target is 0),
+unless ``answer_type`` is yes/no: the context answers and the type head learns which.
+:func:`write_reader_data` builds these files from dataset files (:func:`build_reader_examples`):
 
 * MuSiQue sub-questions (``#k`` references resolved with earlier answers) with their answer in
   their own paragraph; 2Wiki evidence triples as "What is the <relation> of <subject>?";
 * the full question with its answer found verbatim in a gold paragraph;
-* no-answer examples: gold paragraphs without the answer, and ``negatives_per_question``
-  distractor paragraphs per question.
+* the full question over all its gold paragraphs read together (plus a distractor), with its span
+  or its yes/no answer: how the reader answers a retrieval method's pool;
+* no-answer examples: gold paragraphs without the answer, ``negatives_per_question`` distractor
+  paragraphs per question, and distractors read together.
 
 Records are written once rather than made from the dataset files at training time because the
 loop reads one record per training example: its subsets (``max_train_examples``), caps and
@@ -26,7 +29,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ...models.reader import CONFIDENCE_THRESHOLD, ExtractiveReader, best_spans
+from ...models.reader import (ANSWER_TYPES, CONFIDENCE_THRESHOLD, IGNORE, PASSAGE_SEPARATOR, ExtractiveReader,
+                              best_spans, passage_text)
 from ..data import RecordError
 from .base import Task, ratio, register_task
 
@@ -57,12 +61,33 @@ def _hop_question(template: str, answers: list[str]) -> str:
     return q
 
 
-def _record(question: str, context: str, dataset: str, answer: str = "", start: int | None = None) -> dict:
-    return {"question": question, "context": context, "answer": answer, "answer_start": start, "dataset": dataset}
+def _record(question: str, context: str, dataset: str, answer: str = "", start: int | None = None,
+            answer_type: str | None = None) -> dict:
+    rec = {"question": question, "context": context, "answer": answer, "answer_start": start, "dataset": dataset}
+    if answer_type is not None:
+        rec["answer_type"] = answer_type
+    return rec
 
 
-def build_reader_examples(questions: Iterable, negatives_per_question: int = 1, seed: int = 0) -> list[dict]:
-    """Reader records from :class:`~effrag.data.records.Question` records (see the module doc)."""
+def _span_or_none(question: str, context: str, dataset: str, answers: Sequence[str]) -> dict | None:
+    """A span record for the first of ``answers`` found in ``context``, else None."""
+    for a in answers:
+        idx = _find(a, context)
+        if idx is not None:
+            a = a.strip().strip('"').strip()
+            return _record(question, context, dataset, context[idx:idx + len(a)], idx)
+    return None
+
+
+def build_reader_examples(questions: Iterable, negatives_per_question: int = 1, seed: int = 0,
+                          joint_distractors: int = 1) -> list[dict]:
+    """Reader records from :class:`~effrag.data.records.Question` records (see the module doc).
+
+    Passages read as at answer time (``"title: text"``, :func:`~effrag.models.reader.passage_text`).
+    Besides one-passage records, each question gives a *joint* record: its gold passages and
+    ``joint_distractors`` distractors shuffled into one context, with the full question's span, or its
+    yes/no answer type; and a joint no-answer record of distractors alone.
+    """
     rng = random.Random(seed)
     out: list[dict] = []
     for q in questions:
@@ -87,19 +112,33 @@ def build_reader_examples(questions: Iterable, negatives_per_question: int = 1, 
             if key in seen:
                 continue
             seen.add(key)
-            idx = None
-            for a in [answer] + ([x for x in q.answers if x != answer] if question == q.question else []):
-                idx = _find(a, passage.text)
-                if idx is not None:
-                    answer = a.strip().strip('"').strip()
-                    break
-            if idx is not None:
-                out.append(_record(question, passage.text, q.dataset, passage.text[idx:idx + len(answer)], idx))
+            context = passage_text(passage.title, passage.text)
+            alts = [answer] + ([x for x in q.answers if x != answer] if question == q.question else [])
+            rec = _span_or_none(question, context, q.dataset, alts)
+            if rec is not None:
+                out.append(rec)
             elif answer.strip().lower() not in _YESNO and question == q.question:
-                out.append(_record(question, passage.text, q.dataset))
+                out.append(_record(question, context, q.dataset))
         for p in rng.sample(distractors, min(negatives_per_question, len(distractors))):
             question = rng.choice([x[0] for x in pairs]) if pairs else q.question
-            out.append(_record(question, p.text, q.dataset))
+            out.append(_record(question, passage_text(p.title, p.text), q.dataset))
+        if q.gold:  # the full question over its gold passages read together (+ distractors)
+            extra = rng.sample(distractors, min(joint_distractors, len(distractors)))
+            passages = list(q.gold) + extra
+            rng.shuffle(passages)
+            context = PASSAGE_SEPARATOR.join(passage_text(p.title, p.text) for p in passages)
+            kind = q.answer.strip().lower()
+            if kind in ("yes", "no"):
+                out.append(_record(q.question, context, q.dataset, kind, None, kind))
+            else:
+                rec = _span_or_none(q.question, context, q.dataset, q.answers)
+                if rec is not None:
+                    out.append(rec)
+            others = [p for p in distractors if p not in extra]
+            if others:
+                alone = rng.sample(others, min(len(q.gold) + joint_distractors, len(others)))
+                out.append(_record(q.question, PASSAGE_SEPARATOR.join(passage_text(p.title, p.text) for p in alone),
+                                   q.dataset))
     return out
 
 
@@ -120,7 +159,7 @@ def write_reader_data(inputs: Sequence[str | Path], out_dir: str | Path, *, limi
     tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
     os.replace(tmp, out / RECORDS_NAME)
     return {"inputs": [str(f) for f in inputs], "questions": len(questions), "records": len(records),
-            "answerable": sum(r["answer_start"] is not None for r in records)}
+            "answerable": sum(r["answer_start"] is not None or r.get("answer_type") in ("yes", "no") for r in records)}
 
 
 # -- the task --------------------------------------------------------------------------------------
@@ -128,8 +167,16 @@ def check_reader_record(rec: dict, loc: str) -> None:
     for key in ("question", "context"):
         if not isinstance(rec.get(key), str) or not rec[key].strip():
             raise RecordError(f"{loc}: field {key!r} must be a non-empty string")
-    start, answer = rec.get("answer_start"), rec.get("answer", "")
+    start, answer, kind = rec.get("answer_start"), rec.get("answer", ""), rec.get("answer_type")
+    if kind is not None and kind not in ANSWER_TYPES:
+        raise RecordError(f"{loc}: field 'answer_type' must be one of {list(ANSWER_TYPES)}, got {kind!r}")
+    if kind in ("yes", "no"):
+        if start is not None:
+            raise RecordError(f"{loc}: a {kind!r} answer has no span: field 'answer_start' must be null")
+        return
     if start is None:
+        if kind == "span":
+            raise RecordError(f"{loc}: field 'answer_type' is 'span' but 'answer_start' is null")
         return
     if not isinstance(start, int) or isinstance(start, bool) or not isinstance(answer, str) or not answer:
         raise RecordError(f"{loc}: field 'answer_start' must be null or an integer with a non-empty 'answer'")
@@ -160,38 +207,53 @@ def featurize_reader(model: ExtractiveReader, records: list[dict], max_length: i
     enc = model.encode([r["question"] for r in records], [r["context"] for r in records], max_length)
     feats = []
     for b, r in enumerate(records):
-        s, e = answer_tokens(enc.sequence_ids(b), enc["offset_mapping"][b], r.get("answer_start"), r.get("answer", ""))
+        kind = r.get("answer_type")
+        if kind in ("yes", "no"):  # answers, but not with a span: the span heads skip it
+            s = e = IGNORE
+            answerable, type_id = 1, ANSWER_TYPES.index(kind)
+        else:
+            s, e = answer_tokens(enc.sequence_ids(b), enc["offset_mapping"][b], r.get("answer_start"),
+                                 r.get("answer", ""))
+            answerable = int(s > 0)
+            type_id = 0 if answerable else IGNORE
         f = {"input_ids": enc["input_ids"][b], "attention_mask": enc["attention_mask"][b],
-             "start_positions": s, "end_positions": e, "answerable": int(s > 0)}
+             "start_positions": s, "end_positions": e, "answerable": answerable, "answer_type": type_id}
         if "token_type_ids" in enc:
             f["token_type_ids"] = enc["token_type_ids"][b]
         feats.append(f)
     return feats
 
 
-STAT_NAMES = ["span_correct", "answerable", "confidence_correct", "span_loss_sum", "confidence_loss_sum", "n"]
+STAT_NAMES = ["span_correct", "spans", "answer_correct", "answerable", "confidence_correct", "span_loss_sum",
+              "confidence_loss_sum", "n"]
 
 
 def reader_stats(out, batch) -> torch.Tensor:
-    """Per example: exact best span (start and end; answerable examples only), ``f > theta`` agreeing
-    with answerability, and the two losses."""
+    """Per example: exact best span (span examples), the right answer (span examples: exact span and
+    type "span"; yes/no examples: the type), ``f > theta`` agreeing with answerability, and the losses
+    (span loss over span and no-answer examples)."""
     allowed = batch["attention_mask"].bool().clone()
     allowed[:, 0] = False  # as at inference: the best real span, [CLS] excluded
     b_s, b_e, _ = best_spans(out.start_logits, out.end_logits, allowed)
     answerable = batch["answerable"].bool()
-    span_ok = (b_s == batch["start_positions"]) & (b_e == batch["end_positions"]) & answerable
+    kind = batch["answer_type"]
+    is_span = kind == 0
+    span_ok = (b_s == batch["start_positions"]) & (b_e == batch["end_positions"]) & is_span
+    pred_kind = out.type_logits.argmax(-1)
+    answer_ok = torch.where(is_span, span_ok & (pred_kind == 0), (pred_kind == kind) & answerable)
     ce = torch.nn.functional.cross_entropy
-    span_loss = (ce(out.start_logits.float(), batch["start_positions"], reduction="none")
-                 + ce(out.end_logits.float(), batch["end_positions"], reduction="none")) / 2
+    span_loss = (ce(out.start_logits.float(), batch["start_positions"], reduction="none", ignore_index=IGNORE)
+                 + ce(out.end_logits.float(), batch["end_positions"], reduction="none", ignore_index=IGNORE)) / 2
     conf_loss = torch.nn.functional.binary_cross_entropy_with_logits(out.confidence.float(), answerable.float(),
                                                                      reduction="none")
-    cols = [span_ok, answerable, (out.confidence > CONFIDENCE_THRESHOLD) == answerable, span_loss, conf_loss,
-            torch.ones_like(span_loss)]
+    cols = [span_ok, is_span, answer_ok, answerable, (out.confidence > CONFIDENCE_THRESHOLD) == answerable,
+            span_loss, conf_loss, torch.ones_like(span_loss)]
     return torch.stack([c.float() for c in cols], 1)
 
 
 def reader_metrics(s: dict) -> dict:
-    return {"span_exact": ratio(s["span_correct"], s["answerable"]),
+    return {"span_exact": ratio(s["span_correct"], s["spans"]),
+            "answer_exact": ratio(s["answer_correct"], s["answerable"]),  # spans and yes/no together
             "answerable_accuracy": ratio(s["confidence_correct"], s["n"]),  # at SearChain's theta
             "span_loss": ratio(s["span_loss_sum"], s["n"]), "confidence_loss": ratio(s["confidence_loss_sum"], s["n"]),
             "answerable": s["answerable"], "n": s["n"]}
@@ -205,5 +267,5 @@ register_task(Task(
     stat_names=STAT_NAMES,
     batch_stats=reader_stats,
     summarize=reader_metrics,
-    default_metric="span_exact",
+    default_metric="answer_exact",
 ))

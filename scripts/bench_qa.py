@@ -148,9 +148,15 @@ def main(argv=None) -> int:
             return f"{100 * v:.1f}"
         return f"{v:.1f}" if isinstance(v, float) else str(v)
 
+    def shown(path: Path) -> str:  # repo-relative where it can be, so reports read the same on every machine
+        try:
+            return str(path.resolve().relative_to(Path.cwd().resolve()))
+        except ValueError:
+            return str(path)
+
     command = "python scripts/bench_qa.py " + " ".join(argv if argv is not None else sys.argv[1:])
     md = ("# QA with one extractive reader for every retrieval method (EfficientRAG's Table 3, no LLM)\n\n"
-          f"Reader `{args.reader}` ({args.reader_mode}); EfficientRAG `{model}` with `loop-<dataset>.json`; "
+          f"Reader `{args.reader}` ({args.reader_mode}); EfficientRAG `{shown(model)}` with `loop-<dataset>.json`; "
           "dense MiniLM retriever (IRRR: BM25); corpus = the dataset's train + dev contexts. Recall, EM, F1 in %; "
           "context_words = words the reader was given per question; latency = s per question, retrieval + "
           "reading (the two EfficientRAG rows share one loop run, each counted with its time).\n\n" + md_table(COLUMNS, [[fmt(c, r[c]) for c in COLUMNS] for r in table])

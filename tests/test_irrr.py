@@ -310,6 +310,17 @@ def test_pipeline_output_and_options(electra, sample_corpus, tmp_path):
         IRRRPipeline(bm25, irrr_model=model, bogus=1)
     with pytest.raises(ValueError, match="--irrr-model"):
         IRRRPipeline(bm25)
+    # a generator (effrag eval --reader / --llm) answers IRRR's paragraphs; IRRR's own answer stays beside it
+    seen = []
+
+    def generator(question, chunks):
+        seen.append([c.id for c in chunks])
+        return {"answer": "from the generator", "llm_calls": 0, "trace": {"reader": "test"}}
+
+    read = IRRRPipeline(bm25, irrr_model=model, k=2, irrr_max_path=2, generator=generator).run("Who directed the film?")
+    row = read.to_row()
+    assert row["answer"] == "from the generator" and row["irrr_answer"] == out["answer"]
+    assert seen == [row["retrieved"]] and row["generator"] == {"reader": "test"} and row["llm_calls"] == 0
 
 
 def test_cli_irrr_data_and_eval(electra, tmp_path, capsys):

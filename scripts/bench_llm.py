@@ -106,8 +106,8 @@ def main(argv=None) -> int:
 
     from effrag.evaluation.metrics import exact_match, f1
     from effrag.experiment import RunSetup
-    from effrag.llm import default_gguf_path
     from effrag.hardware import usable_cores
+    from effrag.llm import default_gguf_path
     from effrag.pipelines.generation import Generator
     from effrag.provenance import provenance
 

@@ -39,7 +39,9 @@ def parse_args(argv=None):
 
 
 def answer_kind(answer: str) -> str:
-    return "yes/no" if answer.strip().lower() in ("yes", "no") else "span"
+    from effrag.models.reader import YES_NO
+
+    return "yes/no" if answer.strip().lower() in YES_NO else "span"
 
 
 def score_rows(rows: list[dict]) -> dict:

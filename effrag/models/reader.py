@@ -37,6 +37,7 @@ CONFIDENCE_THRESHOLD = 1.5  # SearChain's theta on f
 MAX_ANSWER_TOKENS = 30
 NEG = -1e4  # logit of padding positions
 ANSWER_TYPES = ("span", "yes", "no")  # the type head's classes
+YES_NO = ANSWER_TYPES[1:]  # the types answered without a span
 
 
 @dataclass

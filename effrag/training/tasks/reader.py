@@ -30,7 +30,7 @@ from typing import Iterable, Sequence
 import torch
 
 from ...models.reader import (ANSWER_TYPES, CONFIDENCE_THRESHOLD, IGNORE, PASSAGE_SEPARATOR, ExtractiveReader,
-                              best_spans, passage_text)
+                              YES_NO, best_spans, passage_text)
 from ..data import RecordError
 from .base import Task, ratio, register_task
 
@@ -128,7 +128,7 @@ def build_reader_examples(questions: Iterable, negatives_per_question: int = 1, 
             rng.shuffle(passages)
             context = PASSAGE_SEPARATOR.join(passage_text(p.title, p.text) for p in passages)
             kind = q.answer.strip().lower()
-            if kind in ("yes", "no"):
+            if kind in YES_NO:
                 out.append(_record(q.question, context, q.dataset, kind, None, kind))
             else:
                 rec = _span_or_none(q.question, context, q.dataset, q.answers)
@@ -159,7 +159,7 @@ def write_reader_data(inputs: Sequence[str | Path], out_dir: str | Path, *, limi
     tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
     os.replace(tmp, out / RECORDS_NAME)
     return {"inputs": [str(f) for f in inputs], "questions": len(questions), "records": len(records),
-            "answerable": sum(r["answer_start"] is not None or r.get("answer_type") in ("yes", "no") for r in records)}
+            "answerable": sum(r["answer_start"] is not None or r.get("answer_type") in YES_NO for r in records)}
 
 
 # -- the task --------------------------------------------------------------------------------------
@@ -170,7 +170,7 @@ def check_reader_record(rec: dict, loc: str) -> None:
     start, answer, kind = rec.get("answer_start"), rec.get("answer", ""), rec.get("answer_type")
     if kind is not None and kind not in ANSWER_TYPES:
         raise RecordError(f"{loc}: field 'answer_type' must be one of {list(ANSWER_TYPES)}, got {kind!r}")
-    if kind in ("yes", "no"):
+    if kind in YES_NO:
         if start is not None:
             raise RecordError(f"{loc}: a {kind!r} answer has no span: field 'answer_start' must be null")
         return
@@ -208,7 +208,7 @@ def featurize_reader(model: ExtractiveReader, records: list[dict], max_length: i
     feats = []
     for b, r in enumerate(records):
         kind = r.get("answer_type")
-        if kind in ("yes", "no"):  # answers, but not with a span: the span heads skip it
+        if kind in YES_NO:  # answers, but not with a span: the span heads skip it
             s = e = IGNORE
             answerable, type_id = 1, ANSWER_TYPES.index(kind)
         else:

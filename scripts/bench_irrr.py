@@ -6,7 +6,8 @@ For each dataset the corpus pools that dataset's ``--corpus-from`` files and dev
 * ``direct-r@K``: top-K for the question, answered by IRRR's reader (``IRRRReader``:
   each chunk read alone, most answerable span wins);
 * ``efficientrag``: the Labeler/Filter loop (``--labeler``, ``--filter``), same reader;
-* ``irrr``: the IRRR loop with its own reader and stopping rule.
+* ``irrr``: the IRRR loop with its own reader and stopping rule (``--irrr-config`` options, e.g.
+  ``return_k`` to return a Direct-R-sized pool ranked by IRRR's reranker).
 
 No LLM is called, so EM/F1 compare retrieval + the same extractive reader. Per method:
 recall of gold paragraphs, chunks returned, EM/F1, steps, paragraphs read by the model,
@@ -99,8 +100,8 @@ def main(argv=None) -> int:
                 "efficientrag", retriever, labeler=args.labeler, filter=args.filter, er_config=args.er_config,
                 generator=reader), None))
         for opts in irrr_configs:
-            label = "irrr" + "".join(f",{k}={v}" for k, v in sorted(opts.items()) if k in ("answer_threshold",
-                                                                                        "query_threshold"))
+            label = "irrr" + "".join(f",{k}={v}" for k, v in sorted(opts.items())
+                                     if k in ("answer_threshold", "query_threshold", "first_k", "return_k"))
             methods.append((label, lambda o=opts: build_pipeline("irrr", retriever, irrr_model=irrr_model, config=o), opts))
         for name, make, irrr_opts in methods:
             out = args.output / ds / name

@@ -280,6 +280,47 @@ def test_loop_stops_when_answerable_and_at_path_cap(electra, sample_corpus):
     assert r["iterations"] == 2 and r["steps"][-1]["stop"] == "path cap" and r["answer"] == "yes"
 
 
+def test_first_k_reads_deeper_and_return_k_fills_by_reranker(electra, sample_corpus):
+    from effrag.pipelines.irrr import outcome
+
+    bm25 = BM25Retriever(sample_corpus, show_progress=False)
+    qs = [q.question for q in load_questions(sample_path("hotpotqa", "dev"), limit=2)]
+    cfg = IRRRConfig(k=2, first_k=4, max_path=2, answer_threshold=1e9, return_k=5)
+    for r in IRRRRunner(_rigged(electra, NOANSWER), bm25, cfg).run(qs):
+        first, second = r["steps"]
+        assert len(first["candidates"]) == 4 and len(second["candidates"]) == 2
+        rank = {}
+        for st in r["steps"]:
+            for cid, score in zip(st["candidates"], st["rerank"]):
+                rank[cid] = max(score, rank.get(cid, float("-inf")))
+        # a paragraph read again at step 2 (with the longer path) counts once
+        n = min(5, len(rank))
+        assert len(r["retrieved"]) == n and len(set(r["retrieved"])) == n and set(r["retrieved"]) <= set(rank)
+        paper = outcome(r["steps"])["retrieved"]  # the path and the answer's paragraph come first
+        assert {first["appended"], second["appended"]} <= set(paper) and r["retrieved"][:len(paper)] == paper
+        fill = r["retrieved"][len(paper):]
+        assert [rank[c] for c in fill] == sorted((rank[c] for c in fill), reverse=True)
+        left_out = set(rank) - set(r["retrieved"])
+        assert fill and all(rank[c] <= min(rank[f] for f in fill) for c in left_out)
+    # without return_k the paper's output: the path and the answer's paragraph only
+    plain = IRRRRunner(_rigged(electra, NOANSWER), bm25, IRRRConfig(k=2, first_k=4, max_path=2, answer_threshold=1e9))
+    assert all(len(r["retrieved"]) <= 3 for r in plain.run(qs))
+    with pytest.raises(ValueError, match="return_k"):
+        IRRRConfig(return_k=0)
+
+
+def test_outcome_cuts_and_fills_from_the_trace():
+    from effrag.pipelines.irrr import outcome
+
+    steps = [{"candidates": ["a", "b", "c"], "rerank": [0.1, 2.0, -1.0], "appended": "b",
+              "best": {"id": "a", "answer": "x", "answerability": -3.0}},
+             {"candidates": ["d", "a"], "rerank": [0.5, 3.0],
+              "best": {"id": "d", "answer": "y", "answerability": 1.0}, "stop": "answerable"}]
+    assert outcome(steps)["retrieved"] == ["b", "d"]
+    assert outcome(steps, return_k=4) == {"retrieved": ["b", "d", "a", "c"], "answer": "y", "answerability": 1.0}
+    assert outcome(steps, return_k=1)["retrieved"] == ["b"]
+
+
 def test_reader_answers_other_methods_chunks(electra, sample_corpus):
     """IRRRReader (a Direct-R / EfficientRAG generator) reads each chunk alone and keeps the most answerable."""
     from effrag.models.irrr import IRRRReader
@@ -342,6 +383,15 @@ def test_cli_irrr_data_and_eval(electra, tmp_path, capsys):
     assert len(rows) == 2 and all(r["iterations"] == 2 and r["paragraphs_read"] <= 6 for r in rows)
     m = json.loads((tmp_path / "e" / "metrics.json").read_text())[0]
     assert m["method"] == "irrr" and 0 <= m["recall"] <= 1 and "f1" in m and "em" in m
+    # --irrr-first-k reads deeper at step 1, --irrr-return-k returns a Direct-R-sized pool
+    assert main(["eval", "--method", "irrr", "--irrr-model", str(tmp_path / "m"), "--irrr-max-path", "2",
+                 "--irrr-first-k", "5", "--irrr-return-k", "6", "--questions", hp_dev, "--corpus-from", hp_train,
+                 "--retriever", "bm25", "--k", "3", "--limit", "2", "--cache-dir", str(tmp_path / "cache"),
+                 "--output", str(tmp_path / "f")]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "f" / "predictions.jsonl").read_text().splitlines()]
+    for r in rows:
+        read = {c for step in r["trace"] for c in step["candidates"]}
+        assert len(r["trace"][0]["candidates"]) == 5 and len(r["retrieved"]) == min(6, len(read)) > 3
 
 
 def test_bm25_article_option_is_appendix_b_score(tmp_path):

@@ -12,8 +12,14 @@ The reasoning path starts as the question. Each step:
 
 Questions of a batch move in lockstep: one model batch for all their queries, one
 ``search`` call, one model batch for all their candidates. ``retrieved`` is the
-final reasoning path plus the paragraph the answer was read from; the trace keeps
-every step's query, candidates, answerability and reranker scores.
+final reasoning path plus the paragraph the answer was read from (the paper's output);
+the trace keeps every step's query, candidates, answerability and reranker scores.
+
+Two options the paper does not have, both off by default: ``first_k`` reads deeper at
+the first step, where the query comes from the question alone, and ``return_k`` fills
+the returned paragraphs up to that many with the other candidates the loop read, best
+reranker score first. A downstream reader then gets a pool the size Direct-R gives it,
+ranked by IRRR's reranker, instead of the path alone.
 """
 from __future__ import annotations
 
@@ -31,6 +37,8 @@ from .result import Chunk, Result
 @dataclass
 class IRRRConfig:
     k: int = 5  # candidates retrieved per step (the paper's reranker sees 5)
+    first_k: int | None = None  # candidates at the first step (default: k)
+    return_k: int | None = None  # fill the returned paragraphs up to this many by reranker score (default: path only)
     max_path: int = 4  # cap on reasoning-path paragraphs
     query_threshold: float = 0.3  # keep a path word in the query at p >= this (the paper favours recall)
     answer_threshold: float = 0.0  # stop once the best answerability reaches this
@@ -40,12 +48,24 @@ class IRRRConfig:
     bf16: bool = False
 
 
+    def __post_init__(self) -> None:
+        for name in ("k", "max_path", "max_query_words", "max_answer_tokens", "batch_size", "first_k", "return_k"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"IRRR option {name} must be a positive integer, got {value!r}")
+
+
 class IRRRRunner:
     """The loop over a retriever with a trained :class:`effrag.models.IRRRModel`."""
 
     def __init__(self, model, retriever, config: IRRRConfig | None = None):
         self.model, self.retriever = model.eval(), retriever
         self.config = config or IRRRConfig()
+
+    def _depth(self, s: dict) -> int:
+        """Candidates to read at this state's next step."""
+        cfg = self.config
+        return cfg.first_k if (cfg.first_k and not s["steps"]) else cfg.k
 
     def _encode(self, question_words, paragraphs):
         return self.model.encode(question_words, paragraphs)
@@ -70,12 +90,12 @@ class IRRRRunner:
                 q, _ = self.model.search_query(e, o, cfg.query_threshold, cfg.max_query_words)
                 queries.append(q or " ".join([s["q"]] + [p["title"] for p in s["path"]]))
             t1 = time.perf_counter()
-            hits = self.retriever.search(queries, cfg.k + len(max((s["path"] for s in active), key=len)))
+            hits = self.retriever.search(queries, max(self._depth(s) + len(s["path"]) for s in active))
             t2 = time.perf_counter()
             jobs = []
             for si, (s, h) in enumerate(zip(active, hits)):
                 on_path = {p["id"] for p in s["path"]}
-                cands = [x for x in h if x.id not in on_path][: cfg.k]
+                cands = [x for x in h if x.id not in on_path][: self._depth(s)]
                 s["_cands"] = cands
                 jobs += [(si, c) for c in cands]
             cand_encs = [self._encode(active[si]["qw"], active[si]["path"]
@@ -90,7 +110,7 @@ class IRRRRunner:
                 s["timing"]["model"] += (t1 - t0 + t3 - t2) / n
                 s["timing"]["retrieval"] += (t2 - t1) / n
                 self._advance(s, queries[si], reads.get(si, []))
-        return [self._result(s) for s in states]
+        return [self._result(s, cfg.return_k) for s in states]
 
     def _advance(self, s: dict, query: str, reads: list) -> None:
         cfg = self.config
@@ -119,28 +139,40 @@ class IRRRRunner:
             s["done"] = True
 
     @staticmethod
-    def _result(s: dict) -> dict:
-        return {**outcome(s["steps"]), "iterations": len(s["steps"]), "paragraphs_read": s["read"],
+    def _result(s: dict, return_k: int | None = None) -> dict:
+        return {**outcome(s["steps"], return_k), "iterations": len(s["steps"]), "paragraphs_read": s["read"],
                 "steps": s["steps"], "timing": s["timing"], "passages": s.get("passages", {})}
 
 
-def outcome(steps: list[dict]) -> dict:
+def outcome(steps: list[dict], return_k: int | None = None) -> dict:
     """Answer, returned ids and answerability from a run's step trace.
 
     The answer is the stopping step's best read, or (no stop) the most answerable read of any
     step; returned ids are the path as it was then, the paragraph read, and later path
-    paragraphs. ``scripts/tune_irrr.py`` replays other thresholds through this too.
+    paragraphs. With ``return_k`` they are cut to, or filled up to, that many: the fill is
+    every other candidate read in any step, highest reranker score first (a paragraph read
+    at several steps counts with its best score). ``scripts/tune_irrr.py`` replays other
+    thresholds through this too.
     """
     appended = [st.get("appended") for st in steps]
     scored = [i for i, st in enumerate(steps) if "best" in st]
     if not scored:
-        return {"retrieved": [a for a in appended if a], "answer": "", "answerability": 0.0}
-    stopped = steps[-1].get("stop") == "answerable"
-    j = scored[-1] if stopped else max(scored, key=lambda i: steps[i]["best"]["answerability"])
-    best = steps[j]["best"]
-    ids = [a for a in appended[:j] if a] + [best["id"]]
-    ids += [a for a in appended[j:] if a and a not in ids]
-    return {"retrieved": ids, "answer": best["answer"], "answerability": best["answerability"]}
+        ids, answer, answerability = [a for a in appended if a], "", 0.0
+    else:
+        stopped = steps[-1].get("stop") == "answerable"
+        j = scored[-1] if stopped else max(scored, key=lambda i: steps[i]["best"]["answerability"])
+        best = steps[j]["best"]
+        ids = [a for a in appended[:j] if a] + [best["id"]]
+        ids += [a for a in appended[j:] if a and a not in ids]
+        answer, answerability = best["answer"], best["answerability"]
+    if return_k is not None:
+        rank: dict[str, float] = {}
+        for st in steps:
+            for cid, score in zip(st["candidates"], st["rerank"]):
+                rank[cid] = max(score, rank.get(cid, float("-inf")))
+        taken = set(ids)
+        ids = (ids + sorted((c for c in rank if c not in taken), key=lambda c: -rank[c]))[:return_k]
+    return {"retrieved": ids, "answer": answer, "answerability": answerability}
 
 
 @register_pipeline("irrr")
@@ -176,6 +208,11 @@ class IRRRPipeline(Pipeline):
         g = parser.add_argument_group("irrr")
         g.add_argument("--irrr-model", metavar="DIR", help="trained IRRR checkpoint directory")
         g.add_argument("--irrr-max-path", type=int, default=None, help="cap on reasoning-path paragraphs")
+        g.add_argument("--irrr-first-k", type=int, default=None,
+                       help="candidates read at the first step (default: --k)")
+        g.add_argument("--irrr-return-k", type=int, default=None,
+                       help="return this many paragraphs: the path, then the other candidates read, by reranker "
+                            "score (default: the path and the answer's paragraph, as the paper)")
         g.add_argument("--irrr-query-threshold", type=float, default=None, help="query-word keep probability")
         g.add_argument("--irrr-answer-threshold", type=float, default=None, help="answerability that stops the loop")
         g.add_argument("--irrr-batch-size", type=int, default=None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -415,3 +416,33 @@ def test_bm25_article_option_is_appendix_b_score(tmp_path):
     art.save(tmp_path / "idx")
     loaded = load_retriever(tmp_path / "idx")
     assert loaded.opts["article"] is True and list(loaded.scores("zorbland")) == pytest.approx(list(s_art))
+
+
+def test_tune_irrr_replays_thresholds_and_return_k(electra, tmp_path):
+    """scripts/tune_irrr.py: one run to the cap per (query threshold, first_k), stops and fills replayed from it."""
+    import importlib.util
+
+    from effrag.data import sample_path as sp
+
+    spec = importlib.util.spec_from_file_location("tune_irrr", Path(__file__).parents[1] / "scripts" / "tune_irrr.py")
+    tune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune)
+    _rigged(electra, NOANSWER).save_pretrained(tmp_path / "m")
+    out = tmp_path / "t"
+    args = ["--irrr", str(tmp_path / "m"), "--data", str(sp("hotpotqa", "dev").parents[1]), "--datasets", "hotpotqa",
+            "--limit", "2", "--query-thresholds", "0.3", "--first-k", "4", "--k", "2", "--max-path", "2",
+            "--answer-thresholds", "-100", "100", "--return-k", "5", "--objective", "recall", "--output", str(out)]
+    assert tune.main(args) == 0
+    grid = json.loads((out / "grid.json").read_text())["grid"]
+    never, first = (next(e for e in grid if e["answer_threshold"] == t) for t in (100, -100))
+    # stops at once: the 4 read at step 1 are all returned (fewer than return_k)
+    assert first["hotpotqa"]["steps"] == 1 and first["hotpotqa"]["read"] == first["hotpotqa"]["returned"] == 4
+    assert never["hotpotqa"]["steps"] == 2 and never["hotpotqa"]["read"] == 6 and 4 < never["hotpotqa"]["returned"] <= 5
+    assert never["recall"] >= first["recall"]
+    best = json.loads((out / "best.json").read_text())
+    chosen = never if never["recall"] > first["recall"] else first  # ties go to fewer paragraphs read
+    assert best == {"query_threshold": 0.3, "answer_threshold": chosen["answer_threshold"], "max_path": 2, "k": 2,
+                    "first_k": 4, "return_k": 5}
+    assert "hotpotqa recall" in (out / "table.md").read_text()
+    assert tune.main(args) == 0  # resumes: nothing rerun, same grid
+    assert json.loads((out / "grid.json").read_text())["grid"] == grid

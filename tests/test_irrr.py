@@ -437,7 +437,10 @@ def test_tune_irrr_replays_thresholds_and_return_k(electra, tmp_path):
     never, first = (next(e for e in grid if e["answer_threshold"] == t) for t in (100, -100))
     # stops at once: the 4 read at step 1 are all returned (fewer than return_k)
     assert first["hotpotqa"]["steps"] == 1 and first["hotpotqa"]["read"] == first["hotpotqa"]["returned"] == 4
-    assert never["hotpotqa"]["steps"] == 2 and never["hotpotqa"]["read"] == 6 and 4 < never["hotpotqa"]["returned"] <= 5
+    runs = [json.loads(line) for line in (out / "runs_q0.3_fk4_k2_hotpotqa.jsonl").read_text().splitlines()]
+    distinct = [len({c for st in r["steps"] for c in st["candidates"]}) for r in runs]  # step 2 may re-read one
+    assert never["hotpotqa"]["steps"] == 2 and never["hotpotqa"]["read"] == 6
+    assert never["hotpotqa"]["returned"] == sum(min(5, n) for n in distinct) / 2
     assert never["recall"] >= first["recall"]
     best = json.loads((out / "best.json").read_text())
     chosen = never if never["recall"] > first["recall"] else first  # ties go to fewer paragraphs read

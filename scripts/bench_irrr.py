@@ -101,7 +101,7 @@ def main(argv=None) -> int:
                 generator=reader), None))
         for opts in irrr_configs:
             label = "irrr" + "".join(f",{k}={v}" for k, v in sorted(opts.items())
-                                     if k in ("answer_threshold", "query_threshold", "first_k", "return_k"))
+                                     if k in ("answer_threshold", "query_threshold", "first_k", "return_k", "fill_order"))
             methods.append((label, lambda o=opts: build_pipeline("irrr", retriever, irrr_model=irrr_model, config=o), opts))
         for name, make, irrr_opts in methods:
             out = args.output / ds / name

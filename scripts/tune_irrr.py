@@ -4,7 +4,7 @@ The answerability threshold only decides *when* the loop stops, and the path it 
 not depend on it, so each (query threshold, first-step depth) is run once with no stopping
 (to ``max_path``) and every answerability threshold is replayed from the per-step traces:
 the first step whose best answerability reaches it gives the answer and the returned
-paragraphs (filled up to ``--return-k`` by reranker score when given). The objective is
+paragraphs (filled up to ``--return-k`` when given, in each ``--fill-order`` replayed). The objective is
 mean F1 (``--objective f1``) or mean recall of gold paragraphs (``recall``) over datasets;
 ties: fewer paragraphs read. Writes ``OUT/grid.json``, ``OUT/table.md`` and ``OUT/best.json``
 (an ``--irrr-config`` for ``bench_irrr.py``).
@@ -25,7 +25,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def replay(steps: list[dict], threshold: float, return_k: int | None = None) -> tuple[str, list[str], int, int]:
+def replay(steps: list[dict], threshold: float, return_k: int | None = None,
+           fill_order: str = "rerank") -> tuple[str, list[str], int, int]:
     """(answer, returned ids, steps taken, paragraphs read) had the loop stopped at ``threshold``."""
     from effrag.pipelines.irrr import outcome
 
@@ -34,9 +35,9 @@ def replay(steps: list[dict], threshold: float, return_k: int | None = None) -> 
         read += len(s["candidates"])
         if s.get("best") and s["best"]["answerability"] >= threshold:
             stop = {**{k: v for k, v in s.items() if k != "appended"}, "stop": "answerable"}  # as the loop would
-            o = outcome(steps[:i] + [stop], return_k)
+            o = outcome(steps[:i] + [stop], return_k, fill_order)
             return o["answer"], o["retrieved"], i + 1, read
-    o = outcome([{k: v for k, v in s.items() if k != "stop"} for s in steps], return_k)
+    o = outcome([{k: v for k, v in s.items() if k != "stop"} for s in steps], return_k, fill_order)
     return o["answer"], o["retrieved"], len(steps), read
 
 
@@ -53,7 +54,9 @@ def main(argv=None) -> int:
     ap.add_argument("--first-k", type=int, nargs="+", default=[None],
                     help="candidates at the first step (grid; default: --k)")
     ap.add_argument("--return-k", type=int, default=None,
-                    help="fill the returned paragraphs up to this many by reranker score (default: path only)")
+                    help="fill the returned paragraphs up to this many (default: path only)")
+    ap.add_argument("--fill-order", nargs="+", choices=["rerank", "retrieval"], default=["rerank"],
+                    help="orders of the --return-k fill to replay (grid; no rerun)")
     ap.add_argument("--objective", choices=["f1", "recall"], default="f1")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--output", required=True, type=Path)
@@ -101,10 +104,10 @@ def main(argv=None) -> int:
                 print(f"query_threshold={qt} first_k={fk} {ds}: {len(rows)} questions run to the cap", file=sys.stderr)
     grid = []
     for (qt, fk), by_ds in runs.items():
-        for at in args.answer_thresholds:
-            entry = {"query_threshold": qt, "first_k": fk, "answer_threshold": at}
+        for at, fo in [(at, fo) for at in args.answer_thresholds for fo in args.fill_order]:
+            entry = {"query_threshold": qt, "first_k": fk, "answer_threshold": at, "fill_order": fo}
             for ds, rows in by_ds.items():
-                res = [replay(r["steps"], at, args.return_k) for r in rows]
+                res = [replay(r["steps"], at, args.return_k, fo) for r in rows]
                 n = max(1, len(rows))
                 entry[ds] = {"f1": sum(f1(a, r["answers"]) for (a, *_), r in zip(res, rows)) / n,
                              "recall": sum(recall(ids, r["gold"]) for (_, ids, *_), r in zip(res, rows)) / n,
@@ -119,13 +122,16 @@ def main(argv=None) -> int:
     cfg = {"query_threshold": best["query_threshold"], "answer_threshold": best["answer_threshold"],
            "max_path": args.max_path, "k": args.k}
     cfg.update({key: value for key, value in (("first_k", best["first_k"]), ("return_k", args.return_k)) if value})
+    if args.return_k and best["fill_order"] != "rerank":
+        cfg["fill_order"] = best["fill_order"]
     (args.output / "best.json").write_text(json.dumps(cfg, indent=2) + "\n")
     from effrag.evaluation.report import md_table
 
-    head = ["query_threshold", "first_k", "answer_threshold", f"mean {args.objective}", "mean read"]
+    head = ["query_threshold", "first_k", "answer_threshold", "fill_order", f"mean {args.objective}", "mean read"]
     head += [f"{ds} {m}" for ds in args.datasets for m in ("recall", "f1", "returned", "read")]
     ranked = sorted(grid, key=lambda e: (-round(e[args.objective], 6), e["read"]))
-    table = [[e["query_threshold"], e["first_k"] or args.k, e["answer_threshold"], f"{e[args.objective]:.4f}",
+    table = [[e["query_threshold"], e["first_k"] or args.k, e["answer_threshold"], e["fill_order"],
+              f"{e[args.objective]:.4f}",
               f"{e['read']:.1f}"] + [f"{e[ds][m]:.4f}" if m in ("recall", "f1") else f"{e[ds][m]:.1f}"
                                      for ds in args.datasets for m in ("recall", "f1", "returned", "read")]
              for e in ranked]
@@ -134,7 +140,7 @@ def main(argv=None) -> int:
         f"k={args.k}, max_path={args.max_path}, return_k={args.return_k}. Best first.\n\n"
         + md_table(head, [[str(c) for c in row] for row in table]))
     for e in ranked[:8]:
-        print(f"q={e['query_threshold']} fk={e['first_k']} a={e['answer_threshold']}: mean F1 {e['f1']:.3f}, "
+        print(f"q={e['query_threshold']} fk={e['first_k']} a={e['answer_threshold']} fill={e['fill_order']}: mean F1 {e['f1']:.3f}, "
               f"recall {e['recall']:.3f}, read {e['read']:.1f}; "
               + ", ".join(f"{ds} F1 {e[ds]['f1']:.3f} R {e[ds]['recall']:.3f} steps {e[ds]['steps']:.2f}"
                           for ds in args.datasets))

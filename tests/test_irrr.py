@@ -20,7 +20,7 @@ from effrag.models import IRRRModel, load_model
 from effrag.models.irrr import NOANSWER, SPAN, YES, answerability, best_spans
 from effrag.models.irrr_encoding import CONT_TOKEN, encode_path, find_answer
 from effrag.models.tokenization import IGNORE
-from effrag.pipelines.irrr import IRRRConfig, IRRRPipeline, IRRRRunner
+from effrag.pipelines.irrr import IRRRConfig, IRRRPipeline, IRRRRunner, outcome
 from effrag.retrieval.bm25 import BM25Retriever
 from effrag.text import words
 
@@ -282,8 +282,6 @@ def test_loop_stops_when_answerable_and_at_path_cap(electra, sample_corpus):
 
 
 def test_first_k_reads_deeper_and_return_k_fills_by_reranker(electra, sample_corpus):
-    from effrag.pipelines.irrr import outcome
-
     bm25 = BM25Retriever(sample_corpus, show_progress=False)
     qs = [q.question for q in load_questions(sample_path("hotpotqa", "dev"), limit=2)]
     cfg = IRRRConfig(k=2, first_k=4, max_path=2, answer_threshold=1e9, return_k=5)
@@ -311,8 +309,6 @@ def test_first_k_reads_deeper_and_return_k_fills_by_reranker(electra, sample_cor
 
 
 def test_outcome_cuts_and_fills_from_the_trace():
-    from effrag.pipelines.irrr import outcome
-
     steps = [{"candidates": ["a", "b", "c"], "rerank": [0.1, 2.0, -1.0], "appended": "b",
               "best": {"id": "a", "answer": "x", "answerability": -3.0}},
              {"candidates": ["d", "a"], "rerank": [0.5, 3.0],
@@ -320,6 +316,14 @@ def test_outcome_cuts_and_fills_from_the_trace():
     assert outcome(steps)["retrieved"] == ["b", "d"]
     assert outcome(steps, return_k=4) == {"retrieved": ["b", "d", "a", "c"], "answer": "y", "answerability": 1.0}
     assert outcome(steps, return_k=1)["retrieved"] == ["b"]
+    # retrieval order: step 1's candidates in the retriever's order before step 2's, whatever the reranker says
+    steps[1]["candidates"], steps[1]["rerank"] = ["e", "a"], [9.0, 3.0]
+    assert outcome(steps, return_k=4, fill_order="retrieval")["retrieved"] == ["b", "d", "a", "c"]
+    assert outcome(steps, return_k=4, fill_order="rerank")["retrieved"] == ["b", "d", "e", "a"]
+    with pytest.raises(ValueError, match="fill_order"):
+        outcome(steps, return_k=4, fill_order="best")
+    with pytest.raises(ValueError, match="fill_order"):
+        IRRRConfig(fill_order="best")
 
 
 def test_reader_answers_other_methods_chunks(electra, sample_corpus):
@@ -386,13 +390,19 @@ def test_cli_irrr_data_and_eval(electra, tmp_path, capsys):
     assert m["method"] == "irrr" and 0 <= m["recall"] <= 1 and "f1" in m and "em" in m
     # --irrr-first-k reads deeper at step 1, --irrr-return-k returns a Direct-R-sized pool
     assert main(["eval", "--method", "irrr", "--irrr-model", str(tmp_path / "m"), "--irrr-max-path", "2",
-                 "--irrr-first-k", "5", "--irrr-return-k", "6", "--questions", hp_dev, "--corpus-from", hp_train,
+                 "--irrr-first-k", "5", "--irrr-return-k", "6", "--irrr-fill-order", "retrieval",
+                 "--questions", hp_dev, "--corpus-from", hp_train,
                  "--retriever", "bm25", "--k", "3", "--limit", "2", "--cache-dir", str(tmp_path / "cache"),
                  "--output", str(tmp_path / "f")]) == 0
     rows = [json.loads(line) for line in (tmp_path / "f" / "predictions.jsonl").read_text().splitlines()]
     for r in rows:
         read = {c for step in r["trace"] for c in step["candidates"]}
         assert len(r["trace"][0]["candidates"]) == 5 and len(r["retrieved"]) == min(6, len(read)) > 3
+        paper = outcome(r["trace"])["retrieved"]  # the path and the answer's paragraph, then the fill
+        assert r["retrieved"][:len(paper)] == paper
+        fill = r["retrieved"][len(paper):]
+        order = [c for st in r["trace"] for c in st["candidates"]]  # retrieval order: step 1's candidates first
+        assert fill == sorted(fill, key=order.index)
 
 
 def test_bm25_article_option_is_appendix_b_score(tmp_path):
@@ -431,10 +441,16 @@ def test_tune_irrr_replays_thresholds_and_return_k(electra, tmp_path):
     out = tmp_path / "t"
     args = ["--irrr", str(tmp_path / "m"), "--data", str(sp("hotpotqa", "dev").parents[1]), "--datasets", "hotpotqa",
             "--limit", "2", "--query-thresholds", "0.3", "--first-k", "4", "--k", "2", "--max-path", "2",
-            "--answer-thresholds", "-100", "100", "--return-k", "5", "--objective", "recall", "--output", str(out)]
+            "--answer-thresholds", "-100", "100", "--return-k", "5", "--fill-order", "rerank", "retrieval",
+            "--objective", "recall", "--output", str(out)]
     assert tune.main(args) == 0
     grid = json.loads((out / "grid.json").read_text())["grid"]
-    never, first = (next(e for e in grid if e["answer_threshold"] == t) for t in (100, -100))
+    assert len(grid) == 4 and {e["fill_order"] for e in grid} == {"rerank", "retrieval"}
+    never, first = (next(e for e in grid if e["answer_threshold"] == t and e["fill_order"] == "rerank")
+                    for t in (100, -100))
+    # stopped at step 1 nothing is left to order: both fills return the same
+    first_retrieval = next(e for e in grid if e["answer_threshold"] == -100 and e["fill_order"] == "retrieval")
+    assert first_retrieval["hotpotqa"] == first["hotpotqa"]
     # stops at once: the 4 read at step 1 are all returned (fewer than return_k)
     assert first["hotpotqa"]["steps"] == 1 and first["hotpotqa"]["read"] == first["hotpotqa"]["returned"] == 4
     runs = [json.loads(line) for line in (out / "runs_q0.3_fk4_k2_hotpotqa.jsonl").read_text().splitlines()]
@@ -443,9 +459,12 @@ def test_tune_irrr_replays_thresholds_and_return_k(electra, tmp_path):
     assert never["hotpotqa"]["returned"] == sum(min(5, n) for n in distinct) / 2
     assert never["recall"] >= first["recall"]
     best = json.loads((out / "best.json").read_text())
-    chosen = never if never["recall"] > first["recall"] else first  # ties go to fewer paragraphs read
-    assert best == {"query_threshold": 0.3, "answer_threshold": chosen["answer_threshold"], "max_path": 2, "k": 2,
-                    "first_k": 4, "return_k": 5}
+    top = max(e["recall"] for e in grid)
+    chosen = min((e for e in grid if round(e["recall"], 6) == round(top, 6)), key=lambda e: e["read"])
+    assert best["answer_threshold"] == chosen["answer_threshold"] and best["return_k"] == 5
+    assert {k: best[k] for k in ("query_threshold", "max_path", "k", "first_k")} == {
+        "query_threshold": 0.3, "max_path": 2, "k": 2, "first_k": 4}
+    assert best.get("fill_order", "rerank") in ("rerank", "retrieval")
     assert "hotpotqa recall" in (out / "table.md").read_text()
     assert tune.main(args) == 0  # resumes: nothing rerun, same grid
     assert json.loads((out / "grid.json").read_text())["grid"] == grid

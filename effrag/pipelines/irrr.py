@@ -18,8 +18,11 @@ the trace keeps every step's query, candidates, answerability and reranker score
 Two options the paper does not have, both off by default: ``first_k`` reads deeper at
 the first step, where the query comes from the question alone, and ``return_k`` fills
 the returned paragraphs up to that many with the other candidates the loop read, best
-reranker score first. A downstream reader then gets a pool the size Direct-R gives it,
-ranked by IRRR's reranker, instead of the path alone.
+reranker score first. A downstream reader then gets a pool the size Direct-R gives it
+instead of the path alone. ``fill_order`` picks the fill's order: ``rerank`` (best reranker
+score first) or ``retrieval`` (earlier step first, the retriever's rank within a step). The
+second keeps the first step's candidates, retrieved with the question itself, ahead of later
+steps' (retrieved with the weaker predicted queries), which the reranker often scores higher.
 """
 from __future__ import annotations
 
@@ -33,12 +36,15 @@ from .base import Pipeline, register_pipeline
 from .generation import answer_results
 from .result import Chunk, Result
 
+FILL_ORDERS = ("rerank", "retrieval")
+
 
 @dataclass
 class IRRRConfig:
     k: int = 5  # candidates retrieved per step (the paper's reranker sees 5)
     first_k: int | None = None  # candidates at the first step (default: k)
-    return_k: int | None = None  # fill the returned paragraphs up to this many by reranker score (default: path only)
+    return_k: int | None = None  # fill the returned paragraphs up to this many (default: path only)
+    fill_order: str = "rerank"  # the fill's order: "rerank" score, or "retrieval" (step, then retriever rank)
     max_path: int = 4  # cap on reasoning-path paragraphs
     query_threshold: float = 0.3  # keep a path word in the query at p >= this (the paper favours recall)
     answer_threshold: float = 0.0  # stop once the best answerability reaches this
@@ -53,6 +59,8 @@ class IRRRConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"IRRR option {name} must be a positive integer, got {value!r}")
+        if self.fill_order not in FILL_ORDERS:
+            raise ValueError(f"IRRR option fill_order must be one of {FILL_ORDERS}, got {self.fill_order!r}")
 
 
 class IRRRRunner:
@@ -110,7 +118,7 @@ class IRRRRunner:
                 s["timing"]["model"] += (t1 - t0 + t3 - t2) / n
                 s["timing"]["retrieval"] += (t2 - t1) / n
                 self._advance(s, queries[si], reads.get(si, []))
-        return [self._result(s, cfg.return_k) for s in states]
+        return [self._result(s, cfg.return_k, cfg.fill_order) for s in states]
 
     def _advance(self, s: dict, query: str, reads: list) -> None:
         cfg = self.config
@@ -139,20 +147,21 @@ class IRRRRunner:
             s["done"] = True
 
     @staticmethod
-    def _result(s: dict, return_k: int | None = None) -> dict:
-        return {**outcome(s["steps"], return_k), "iterations": len(s["steps"]), "paragraphs_read": s["read"],
+    def _result(s: dict, return_k: int | None = None, fill_order: str = "rerank") -> dict:
+        return {**outcome(s["steps"], return_k, fill_order), "iterations": len(s["steps"]), "paragraphs_read": s["read"],
                 "steps": s["steps"], "timing": s["timing"], "passages": s.get("passages", {})}
 
 
-def outcome(steps: list[dict], return_k: int | None = None) -> dict:
+def outcome(steps: list[dict], return_k: int | None = None, fill_order: str = "rerank") -> dict:
     """Answer, returned ids and answerability from a run's step trace.
 
     The answer is the stopping step's best read, or (no stop) the most answerable read of any
     step; returned ids are the path as it was then, the paragraph read, and later path
     paragraphs. With ``return_k`` they are cut to, or filled up to, that many: the fill is
     every other candidate read in any step, highest reranker score first (a paragraph read
-    at several steps counts with its best score). ``scripts/tune_irrr.py`` replays other
-    thresholds through this too.
+    at several steps counts with its best score), or with ``fill_order="retrieval"`` the first
+    step's candidates in retrieval order, then the second's, and so on (a paragraph counts where
+    it was first read). ``scripts/tune_irrr.py`` replays other thresholds and orders through this too.
     """
     appended = [st.get("appended") for st in steps]
     scored = [i for i, st in enumerate(steps) if "best" in st]
@@ -166,12 +175,15 @@ def outcome(steps: list[dict], return_k: int | None = None) -> dict:
         ids += [a for a in appended[j:] if a and a not in ids]
         answer, answerability = best["answer"], best["answerability"]
     if return_k is not None:
-        rank: dict[str, float] = {}
-        for st in steps:
-            for cid, score in zip(st["candidates"], st["rerank"]):
-                rank[cid] = max(score, rank.get(cid, float("-inf")))
+        if fill_order not in FILL_ORDERS:
+            raise ValueError(f"fill_order must be one of {FILL_ORDERS}, got {fill_order!r}")
+        rank: dict[str, tuple] = {}  # smallest key first
+        for si, st in enumerate(steps):
+            for pos, (cid, score) in enumerate(zip(st["candidates"], st["rerank"])):
+                key = (-score,) if fill_order == "rerank" else (si, pos)
+                rank[cid] = min(key, rank.get(cid, key))
         taken = set(ids)
-        ids = (ids + sorted((c for c in rank if c not in taken), key=lambda c: -rank[c]))[:return_k]
+        ids = (ids + sorted((c for c in rank if c not in taken), key=lambda c: rank[c]))[:return_k]
     return {"retrieved": ids, "answer": answer, "answerability": answerability}
 
 
@@ -213,6 +225,9 @@ class IRRRPipeline(Pipeline):
         g.add_argument("--irrr-return-k", type=int, default=None,
                        help="return this many paragraphs: the path, then the other candidates read, by reranker "
                             "score (default: the path and the answer's paragraph, as the paper)")
+        g.add_argument("--irrr-fill-order", choices=FILL_ORDERS, default=None,
+                       help="order of the --irrr-return-k fill: reranker score (default) or retrieval "
+                            "(first step's candidates first, in the retriever's order)")
         g.add_argument("--irrr-query-threshold", type=float, default=None, help="query-word keep probability")
         g.add_argument("--irrr-answer-threshold", type=float, default=None, help="answerability that stops the loop")
         g.add_argument("--irrr-batch-size", type=int, default=None)

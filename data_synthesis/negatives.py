@@ -8,6 +8,12 @@ under another id, e.g. a differently whitespaced copy from another dataset file)
 so that a near-duplicate of the gold chunk is never taught as irrelevant.
 
 Searches are batched over many questions: one ``retriever.search`` call per batch.
+
+:func:`context_negatives` adds a second kind, with no search: the question's own distractor
+paragraphs (the non-gold paragraphs its dataset lists with it, chosen by the dataset's authors to
+look relevant), hardest first, as ``tag=0`` records under the question. They teach the <Continue> tag
+to rank: a retriever's best miss is one paragraph per query, while the loop's pool is cut from the
+20-50 chunks it reads, most of them of exactly this kind.
 """
 from __future__ import annotations
 
@@ -31,6 +37,36 @@ def negative_queries(question: Question, filter_records: Sequence[dict]) -> list
 
 def _title_key(title: str) -> str:
     return normalize_space(title).casefold()
+
+
+def _negative_record(q: Question, hop: int, query: str, chunk_id: str, cw: list[str], source: str) -> dict:
+    return {"qid": q.id, "dataset": q.dataset, "hop": hop, "query": query, "chunk_id": chunk_id,
+            "chunk_words": cw, "labels": [0] * len(cw), "tag": 0, "source": source}
+
+
+def context_negatives(question: Question, n: int, *, exclude: set[str] = frozenset(),
+                      source: str = "annotation") -> list[dict]:
+    """Up to ``n`` of ``question``'s own non-gold context paragraphs as negative records at hop 1.
+
+    Hardest first: most content words shared with the question, then context order (deterministic).
+    A paragraph with a gold title (another copy of a gold article) or an id in ``exclude`` (already a
+    negative of this question) is skipped.
+    """
+    from .align import content_keys
+
+    if n < 1:
+        return []
+    gold_ids = set(question.gold_ids)
+    gold_titles = {_title_key(p.title) for p in question.gold}
+    qkeys = content_keys(words(question.question))
+    cands = []
+    for i, p in enumerate(question.contexts):
+        if p.id in gold_ids or p.id in exclude or _title_key(p.title) in gold_titles:
+            continue
+        cw = words(chunk_text(p.title, p.text))
+        cands.append((-len(qkeys & content_keys(cw)), i, p.id, cw))
+    return [_negative_record(question, 1, question.question, pid, cw, source)
+            for _, _, pid, cw in sorted(cands)[:n]]
 
 
 def mine_negatives(items: Sequence[tuple[Question, Sequence[dict]]], retriever: Retriever, *,
@@ -59,8 +95,7 @@ def mine_negatives(items: Sequence[tuple[Question, Sequence[dict]]], retriever: 
             if h.id not in word_cache:
                 word_cache[h.id] = words(chunk_text(h.title, h.text))
             cw = word_cache[h.id]
-            out[n].append({"qid": q.id, "dataset": q.dataset, "hop": hop, "query": query, "chunk_id": h.id,
-                           "chunk_words": cw, "labels": [0] * len(cw), "tag": 0, "source": source})
+            out[n].append(_negative_record(q, hop, query, h.id, cw, source))
             taken += 1
             if taken == per_query:
                 break

@@ -31,7 +31,7 @@ from .stats import format_table, write_stats
 
 log = logging.getLogger(__name__)
 SOURCES = ("annotation", "llm")
-_RESUME_KEYS = ("source", "retriever", "negatives", "neg_k", "per_query")
+_RESUME_KEYS = ("source", "retriever", "negatives", "neg_k", "per_query", "context_negatives")
 
 
 def load_inputs(inputs: Sequence[str | Path], limit: int | None = None) -> tuple[list[Question], list[dict]]:
@@ -112,7 +112,7 @@ def synthesize(inputs: Sequence[str | Path], out_dir: str | Path, source: str = 
                corpus_from: Sequence[str | Path] | None = None, batch_size: int | None = None,
                neg_k: int = 10, per_query: int = 1, cache_dir: str | Path | None = None,
                encoder_path: str | None = None, bf16: bool = False, show_progress: bool = True,
-               output_format: str = "jsonl") -> dict[str, Any]:
+               output_format: str = "jsonl", context_negatives: int = 0) -> dict[str, Any]:
     """Synthesize training data from ``inputs`` into ``out_dir``; returns the run summary.
 
     ``retriever`` is a kind (``"bm25"``, ``"dense"``, ``"hybrid"``) built over the
@@ -120,6 +120,8 @@ def synthesize(inputs: Sequence[str | Path], out_dir: str | Path, source: str = 
     ``limit`` caps the questions taken from each input file. ``output_format``: ``jsonl`` (the
     record files), ``arrow`` (a ``DatasetDict`` in ``out_dir/dataset``; the JSONL record files are
     only the crash-safe log, emptied once exported) or ``both`` (:mod:`data_synthesis.export`).
+    ``context_negatives`` adds up to that many of each question's own distractor paragraphs as
+    negatives under the question (:func:`~data_synthesis.negatives.context_negatives`; 0 = none).
     """
     from .export import FORMATS, export_arrow
 
@@ -127,6 +129,8 @@ def synthesize(inputs: Sequence[str | Path], out_dir: str | Path, source: str = 
         raise ValueError(f"unknown output format {output_format!r}; expected one of {', '.join(FORMATS)}")
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}; expected one of {', '.join(SOURCES)}")
+    if context_negatives < 0:
+        raise ValueError(f"context_negatives must be >= 0, got {context_negatives}")
     if source == "llm" and llm is None:
         raise ValueError("source 'llm' needs an LLM (--llm SPEC)")
     start = time.time()
@@ -140,6 +144,7 @@ def synthesize(inputs: Sequence[str | Path], out_dir: str | Path, source: str = 
     _check_config(out, {
         "source": source, "retriever": kind if negatives else None, "negatives": negatives,
         "neg_k": neg_k if negatives else None, "per_query": per_query if negatives else None,
+        "context_negatives": context_negatives or None,  # None when off: directories made before it resume
         "inputs": [str(Path(p).resolve()) for p in inputs],
         "corpus_from": [str(Path(p).resolve()) for p in (corpus_from or inputs)], "limit": limit,
         "llm": getattr(llm, "model_id", None) if llm is not None else None,
@@ -173,6 +178,15 @@ def synthesize(inputs: Sequence[str | Path], out_dir: str | Path, source: str = 
                 for (q, r), neg in zip(ok, negs):
                     r["labeler"] = r["labeler"] + neg
                     summary["negatives"] += len(neg)
+            if context_negatives:
+                from .negatives import context_negatives as own_distractors
+
+                for q, r in zip(batch, results):
+                    if r["status"] == "ok":
+                        taken = {x["chunk_id"] for x in r["labeler"] if x["tag"] == 0 and x["query"] == q.question}
+                        neg = own_distractors(q, context_negatives, exclude=taken, source=source)
+                        r["labeler"] = r["labeler"] + neg
+                        summary["context_negatives"] += len(neg)
             for q, r in zip(batch, results):
                 writer.write_item(q.dataset, q.id, labeler=r.get("labeler", []), filters=r.get("filters", []),
                                   rejects=r["rejects"], status=r["status"], notes=r.get("notes"))

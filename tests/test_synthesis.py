@@ -15,7 +15,7 @@ from data_synthesis.align import align, content_keys, key_matches
 from data_synthesis.annotation import annotate_question
 from effrag.jsonl import ResumableWriter, read_jsonl
 from effrag.text import INFO, passage_text
-from data_synthesis.negatives import mine_negatives, negative_queries
+from data_synthesis.negatives import context_negatives, mine_negatives, negative_queries
 from data_synthesis.pipeline import synthesize
 from data_synthesis.stats import compute_stats, format_table
 from effrag.data import Corpus, load_questions, sample_path
@@ -179,6 +179,43 @@ def test_several_dense_negatives_per_query_are_the_best_non_gold_hits(train, ann
             assert mine == expected and len(mine) == 3
     with pytest.raises(ValueError, match="per_query"):
         mine_negatives(items, retriever, k=2, per_query=3)
+
+
+def test_context_negatives_are_the_questions_own_distractors_hardest_first(train, tmp_path, capsys):
+    """--context-negatives N: up to N non-gold context paragraphs per question under the question, most
+    question words shared first; none twice with a mined negative; recorded in the run config (resume key)."""
+    from data_synthesis.cli import main
+
+    for ds in DATASETS:
+        for q in train[ds][:5]:
+            gold_titles = {p.title for p in q.gold}
+            distractors = [p for p in q.contexts if p.id not in q.gold_ids and p.title not in gold_titles]
+            neg = context_negatives(q, 3)
+            assert len(neg) == min(3, len(distractors)) > 0
+            shared = lambda cid: len(content_keys(words(q.question)) & content_keys(  # noqa: E731
+                next(r["chunk_words"] for r in neg if r["chunk_id"] == cid)))
+            assert [shared(r["chunk_id"]) for r in neg] == sorted((shared(r["chunk_id"]) for r in neg), reverse=True)
+            for r in neg:
+                assert r["tag"] == 0 and r["hop"] == 1 and r["query"] == q.question and set(r["labels"]) == {0}
+                p = next(p for p in distractors if p.id == r["chunk_id"])
+                assert r["chunk_words"] == words(passage_text(p)) and len(r["labels"]) == len(r["chunk_words"])
+            # the hardest one left out when already taken; all of them at a large N
+            assert neg[0]["chunk_id"] not in {r["chunk_id"] for r in context_negatives(q, 3, exclude={neg[0]["chunk_id"]})}
+            assert len(context_negatives(q, 100)) == len(distractors) and context_negatives(q, 0) == []
+    inputs = [str(sample_path(ds, "train")) for ds in DATASETS]
+    out = tmp_path / "ctx"
+    args = ["--inputs", *inputs, "--output", str(out), "--limit", "3", "--no-negatives", "--context-negatives", "2", "--quiet"]
+    assert main(args) == 0
+    labeler = list(read_jsonl(out / "labeler.jsonl"))
+    by_q: dict[str, list] = {}
+    for r in labeler:
+        by_q.setdefault(r["qid"], []).append(r)
+    assert len(by_q) == 9 and all(sum(r["tag"] == 0 for r in rs) == 2 for rs in by_q.values())
+    assert json.loads((out / "config.json").read_text())["runs"][0]["context_negatives"] == 2
+    capsys.readouterr()
+    assert main([*args[:-2], "5", "--quiet"]) == 2  # resuming with another N is refused
+    assert "context_negatives" in capsys.readouterr().err
+    assert main([*args[:-2], "-1", "--quiet"]) == 2
 
 
 # ------------------------------------------------------------------ resumable output

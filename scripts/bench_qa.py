@@ -10,7 +10,8 @@ method, as in the project's EfficientRAG figures):
   with that dataset's tuned ``loop-<dataset>.json``;
 * ``efficientrag+kept``: the same pool, the reader reading only the words the Labeler kept
   (EfficientRAG's compression; the loop runs once for both rows);
-* ``irrr`` (with ``--irrr DIR``): IRRR's loop on BM25, its returned paragraphs read by the same reader.
+* ``irrr`` (with ``--irrr DIR``; loop options from ``--irrr-config FILE``, e.g. the recall-tuned
+  ``reports/irrr/recall/best.json``): IRRR's loop on BM25, its returned paragraphs read by the same reader.
 
 Every pool is read by :class:`effrag.pipelines.generation.ReaderGenerator` (packed windows, the
 most confident answers; ``--reader-mode each`` reads chunk by chunk). EM/F1 follow each
@@ -40,6 +41,8 @@ def parse_args(argv=None):
                     help="EfficientRAG folder with labeler/, filter/, loop-<dataset>.json (default: the shipped "
                          "efficientrag-all)")
     ap.add_argument("--irrr", metavar="DIR", default=None, help="IRRR checkpoint: adds an irrr row (BM25)")
+    ap.add_argument("--irrr-config", metavar="FILE", type=Path, default=None,
+                    help="IRRR loop options as JSON (e.g. reports/irrr/recall/best.json); default: IRRR's defaults")
     ap.add_argument("--data", default=os.environ.get("DATA", "../shared/data"),
                     help="folder with <dataset>/{train,dev}.jsonl (env DATA)")
     ap.add_argument("--datasets", nargs="+", default=["hotpotqa", "2wikimqa", "musique"])
@@ -84,6 +87,20 @@ class Answered:
         return results
 
 
+def load_irrr_config(path: Path | None) -> dict:
+    """The IRRR loop options in ``path`` (a JSON object of IRRRConfig fields); unknown fields fail
+    when the pipeline is built, naming them."""
+    if path is None:
+        return {}
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SystemExit(f"--irrr-config {path}: cannot read a JSON object ({e})")
+    if not isinstance(config, dict):
+        raise SystemExit(f"--irrr-config {path}: expected a JSON object of IRRR options, got {type(config).__name__}")
+    return config
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
@@ -98,6 +115,7 @@ def main(argv=None) -> int:
     from effrag.pretrained import pretrained_path
     from effrag.provenance import write_report
 
+    irrr_config = load_irrr_config(args.irrr_config)
     torch.set_num_threads(args.threads or usable_cores())
     reader = load_reader_checkpoint(args.reader).eval()
     together = args.reader_mode == "together"
@@ -122,14 +140,16 @@ def main(argv=None) -> int:
         if args.irrr:
             bm25 = RunSetup.build(dev, limit=args.limit, corpus_from=[dataset_file(args.data, ds, "train")],
                                   retriever="bm25", cache=False).retriever
-            methods.append(("irrr", Answered("irrr", build_pipeline("irrr", bm25, irrr_model=args.irrr), read_chunks)))
+            methods.append(("irrr", Answered("irrr", build_pipeline("irrr", bm25, irrr_model=args.irrr,
+                                                                      config=irrr_config), read_chunks)))
         for name, pipe in methods:
             out = args.output / ds / name
             config = {"method": name, "dataset": ds, "questions": str(Path(dev).resolve()), "limit": args.limit,
                       "retriever": "bm25" if name == "irrr" else "dense", **setup.describe(),
                       "reader": str(args.reader), "reader_mode": args.reader_mode,
                       "model": str(model) if name.startswith("efficientrag") else None,
-                      "irrr": args.irrr if name == "irrr" else None}
+                      "irrr": args.irrr if name == "irrr" else None,
+                      "irrr_config": irrr_config if name == "irrr" else None}
             t0 = time.perf_counter()
             entry = evaluate(pipe, setup.questions, setup.gold, out, config, ks=None, batch_size=1)[0]
             rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines() if line.strip()]

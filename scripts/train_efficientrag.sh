@@ -9,12 +9,14 @@
 #
 # 1. Annotation-derived synthesis (no LLM; `effrag synthesize --source llm --llm SPEC` for the paper's path) of the
 #    train file(s), with NEG_PER_QUERY (default 3) hard negatives per query mined with the dense MiniLM retriever,
-#    the one the loop searches with at inference; dev files are synthesised too (validation during training).
+#    the one the loop searches with at inference; CONTEXT_NEG (default 0, off) adds that many of each question's own
+#    distractor paragraphs as negatives under the question (8 measured: no clear gain, reports/efficientrag/README.md);
+#    dev files are synthesised too (validation during training).
 # 2. Labeler and Filter training with configs/{labeler,filter}.yaml on every synthesised record.
 # 3. scripts/tune_efficientrag.py on each dev file (grid TUNE_GRID), scripts/efficientrag_report.py for the card.
 # Every stage resumes; finished stages are reused. ~35 min on 2 CPU cores (fp32: this CPU class has no fast bf16).
 # Env: DATA (default ../shared/data), PROCESSES (CPU processes, default 1), BIN (default .venv/bin), LAUNCH (raw
-# `accelerate launch` arguments for GPUs, e.g. LAUNCH="--multi_gpu --num_processes 4"), BUDGET, NEG_PER_QUERY,
+# `accelerate launch` arguments for GPUs, e.g. LAUNCH="--multi_gpu --num_processes 4"), BUDGET, NEG_PER_QUERY, CONTEXT_NEG,
 # TUNE_GRID, TUNE_GRID2, NAME (checkpoint name, default the dataset), LABELER_ARGS (Labeler-only overrides). Extra
 # args after the dataset go to both trainings, e.g. `... all --train.epochs 2`. SmolLM2-135M Labeler (hours
 # per epoch on 2 CPU cores, minutes on a GPU): NAME=all-smollm2 LABELER_ARGS="--model.name_or_path smollm2 --train.lr 5e-5"
@@ -26,10 +28,12 @@ DATA=${DATA:-../shared/data}
 BIN=${BIN:-.venv/bin}
 BUDGET=${BUDGET:-7}
 NEG=${NEG_PER_QUERY:-3}
-TUNE_GRID=${TUNE_GRID:-"first_hop_k=20 hop_k=5 tag_threshold=0.8 token_threshold=0.3,0.5 max_hops=3 pool_source=seen pool_order=fused,fused_logit retrieval_weight=2,4,8,16,32"}
+CTX=${CONTEXT_NEG:-0}
+TUNE_GRID=${TUNE_GRID:-"first_hop_k=20 hop_k=5 tag_threshold=0.8 token_threshold=0.3,0.5 max_hops=3 pool_source=seen pool_order=fused,fused_logit retrieval_weight=2,4,8,16,32 requery_weight=0,4,8,16,32"}
+# requery_weight: the later hops' queries re-score every chunk read (no extra model call; tuned after the loop)
 # a second family: the session-3 loop (<Continue> pool topped up to 10 with the likeliest <Terminate> chunks,
 # fused order), which the budget then cuts; the tuner keeps whichever family is best on each dev file
-TUNE_GRID2=${TUNE_GRID2:-"hop_k=10 max_hops=4 tag_threshold=0.9 token_threshold=0.3 pool_source=continue pool_order=fused retrieval_weight=2,4,8 min_candidates=10 max_candidates=10"}
+TUNE_GRID2=${TUNE_GRID2:-"hop_k=10 max_hops=4 tag_threshold=0.9 token_threshold=0.3 pool_source=continue pool_order=fused retrieval_weight=2,4,8 requery_weight=0,4,8,16 min_candidates=10 max_candidates=10"}
 case "$ds" in
   all) inputs=("$DATA/hotpotqa/train.jsonl" "$DATA/2wikimqa/train.jsonl" "$DATA/musique/train.jsonl") ;;
   hotpotqa|2wikimqa|musique) inputs=("$DATA/$ds/train.jsonl") ;;
@@ -37,8 +41,9 @@ case "$ds" in
 esac
 export HF_HUB_OFFLINE=1
 synth="runs/synth/train_${ds}_dense_neg$NEG"
+[ "$CTX" != 0 ] && synth="${synth}_ctx$CTX"
 "$BIN/effrag" synthesize --inputs "${inputs[@]}" --output "$synth" --source annotation --retriever dense \
-  --neg-per-query "$NEG"
+  --neg-per-query "$NEG" --context-negatives "$CTX"
 for d in hotpotqa 2wikimqa musique; do   # dev records: validation metrics of every run (configs' eval_files)
   "$BIN/effrag" synthesize --inputs "$DATA/$d/dev.jsonl" --output "runs/synth/dev_$d" --source annotation --quiet
 done

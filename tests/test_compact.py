@@ -7,6 +7,7 @@ import torch
 
 from effrag.models import FilterModel, LabelerModel
 from effrag.models.compact import COMPACT_NAME, dequantize_state_dict, quantize_state_dict
+from effrag.pipelines.efficientrag_config import build_config
 from effrag.pretrained import loop_config_path, pretrained_path
 
 
@@ -60,6 +61,7 @@ def test_shipped_model_loads_offline_with_its_loop_configs():
     for ds in ("hotpotqa", "2wikimqa", "musique"):
         cfg = json.loads(loop_config_path(ds).read_text())["config"]
         assert cfg["max_candidates"] <= 10
+        assert build_config(loop_config_path(ds)).to_json() == cfg  # every shipped option is a valid loop option
     with pytest.raises(ValueError, match="unknown shipped model"):
         pretrained_path("nope")
     with pytest.raises(ValueError, match="no loop config"):

@@ -270,6 +270,48 @@ def test_seen_pool_source_ranks_every_labeled_chunk(models, retriever, questions
         EfficientRAGConfig(pool_source="everything")
 
 
+def test_requery_weight_adds_the_later_queries_scores_to_the_fused_order(models, retriever, questions):
+    class Recording:  # the retriever as the loop calls it: every query's hits, in order
+        def __init__(self):
+            self.calls = []
+
+        def search(self, queries, k):
+            out = retriever.search(queries, k)
+            self.calls += list(zip(queries, out))
+            return out
+
+    kw = dict(max_hops=3, tag_threshold=0.0, token_threshold=0.0, pool_source="seen", pool_order="fused_logit",
+              retrieval_weight=0.5)
+    plain = make_loop(models, retriever, **kw).run(questions)
+    rec = Recording()
+    lab, fil = load(models, None, None, None)
+    heavy = EfficientRAGLoop(lab, fil, rec, EfficientRAGConfig(hop_k=3, requery_weight=1e6, **kw)).run(questions)
+    assert not any("requery_scores" in r.extra for r in plain)
+    moved = 0
+    for a, b in zip(plain, heavy):
+        assert a.trace == b.trace and sorted(c.id for c in a.chunks) == sorted(c.id for c in b.chunks)
+        later = [q for e in b.trace[1:] for q in e["queries"]]
+        expected = {}
+        # the hits the loop got for each later query (a query repeated at a later hop is searched again,
+        # deeper): a seen chunk a search missed scores its lowest hit
+        for hits in (h for query, h in rec.calls if query in later):
+            floor = min(h.score for h in hits)
+            for c in b.chunks:
+                got = next((h.score for h in hits if h.id == c.id), floor)
+                expected[c.id] = max(expected.get(c.id, float("-inf")), got)
+        assert b.extra["requery_scores"] == pytest.approx(expected)
+        if later:  # a dominant weight ranks by the later queries' scores
+            scores = [expected[c.id] for c in b.chunks]
+            assert scores == sorted(scores, reverse=True)
+            moved += [c.id for c in a.chunks] != [c.id for c in b.chunks]
+        else:
+            assert [c.id for c in a.chunks] == [c.id for c in b.chunks]
+    assert moved and any(r.trace[1:] for r in heavy)
+    with pytest.raises(ValueError, match="requery_weight needs pool_order"):
+        EfficientRAGConfig(requery_weight=1.0)
+    assert "requery_weight" not in EfficientRAGConfig(pool_order="fused").to_json()  # old configs still match
+
+
 def test_batched_equals_one_at_a_time(models, retriever, questions):
     probe = make_loop(models, retriever, max_hops=1, tag_threshold=0.0, token_threshold=0.0).run(questions)
     tag_t = split_point([c.score for r in probe for c in r.chunks])

@@ -468,3 +468,30 @@ def test_tune_irrr_replays_thresholds_and_return_k(electra, tmp_path):
     assert "hotpotqa recall" in (out / "table.md").read_text()
     assert tune.main(args) == 0  # resumes: nothing rerun, same grid
     assert json.loads((out / "grid.json").read_text())["grid"] == grid
+
+
+def test_bench_qa_irrr_config_file_configures_the_loop(electra, sample_corpus, tmp_path):
+    """scripts/bench_qa.py --irrr-config: a tuner's best.json sets IRRR's loop; bad files are one-line errors."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_qa", Path(__file__).parents[1] / "scripts" / "bench_qa.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.load_irrr_config(None) == {}
+    best = tmp_path / "best.json"
+    best.write_text(json.dumps({"query_threshold": 0.15, "answer_threshold": -2.0, "max_path": 2, "k": 2,
+                                "first_k": 4, "return_k": 5, "fill_order": "retrieval"}))
+    config = bench.load_irrr_config(best)
+    p = IRRRPipeline(BM25Retriever(sample_corpus, show_progress=False), irrr_model=_rigged(electra, NOANSWER),
+                     config=config)
+    assert (p.config.first_k, p.config.return_k, p.config.fill_order, p.config.answer_threshold) == (
+        4, 5, "retrieval", -2.0)
+    assert len(p.run("Who directed the film?").chunks) <= 5
+    for text, why in (("[1, 2]", "expected a JSON object"), ("{oops", "cannot read a JSON object")):
+        best.write_text(text)
+        with pytest.raises(SystemExit, match=f"--irrr-config {best}: {why}"):
+            bench.load_irrr_config(best)
+    best.write_text(json.dumps({"bogus": 1}))
+    with pytest.raises(ValueError, match="unknown IRRR option"):
+        IRRRPipeline(BM25Retriever(sample_corpus, show_progress=False), irrr_model=_rigged(electra, NOANSWER),
+                     config=bench.load_irrr_config(best))

@@ -52,6 +52,8 @@ class _State:
     trace: list[dict[str, Any]] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     iterations: int = 0
+    # requery_weight: each hop >= 1 query's hits ({chunk id: score}) and their lowest score
+    requeries: list[tuple[dict[str, float], float]] = field(default_factory=list)
     # scratch of the current hop
     entry: dict[str, Any] = field(default_factory=dict)
     cont: list[Chunk] = field(default_factory=list)
@@ -109,7 +111,8 @@ class EfficientRAGLoop:
         """At the last hop with ``prune_last_hop``: whether chunk ``h`` cannot enter the capped pool whatever
         the Labeler says (``max_candidates`` pool chunks already outrank its best possible score)."""
         cfg = self.config
-        if cfg.max_candidates is None or cfg.pool_source != "continue" or len(s.pool) < cfg.max_candidates:
+        if (cfg.max_candidates is None or cfg.pool_source != "continue" or len(s.pool) < cfg.max_candidates
+                or cfg.requery_weight):  # later queries' scores are not known yet: nothing is exact to prune
             return False
         if cfg.pool_order == "hop":  # every pool chunk is from an earlier hop
             return True
@@ -167,6 +170,11 @@ class EfficientRAGLoop:
         pairs: list[tuple[_State, int, Any]] = []
         hop_k = self._hop_k(hop)
         for (s, qi), hs in zip(reqs, hits):
+            if hop and cfg.requery_weight and hs:
+                reached: dict[str, float] = {}
+                for h in hs:
+                    reached[h.id] = max(float(h.score), reached.get(h.id, float("-inf")))
+                s.requeries.append((reached, min(reached.values())))
             new = []
             for h in hs:
                 if len(new) == hop_k:
@@ -243,10 +251,11 @@ class EfficientRAGLoop:
 
     def _finish(self, s: _State) -> Result:
         cfg = self.config
-        if cfg.pool_order == "fused":
-            pool_key = extra_key = lambda c: (-(c.score + cfg.retrieval_weight * c.retrieval_score), c.hop)
-        elif cfg.pool_order == "fused_logit":
-            pool_key = extra_key = lambda c: (-(_logit(c.score) + cfg.retrieval_weight * c.retrieval_score), c.hop)
+        if cfg.pool_order in ("fused", "fused_logit"):
+            own = (lambda c: c.score) if cfg.pool_order == "fused" else (lambda c: _logit(c.score))
+            requery = _requery_scores(s, s.pool + s.rejected)
+            later = lambda c: cfg.requery_weight * requery.get(c.id, 0.0)  # noqa: E731
+            pool_key = extra_key = lambda c: (-(own(c) + cfg.retrieval_weight * c.retrieval_score + later(c)), c.hop)
         else:
             pool_key, extra_key = (lambda c: (c.hop, -c.score)), (lambda c: (-c.score, c.hop))
         if cfg.pool_source == "seen":  # one ranking of every labeled chunk; rejected ones flagged
@@ -260,7 +269,18 @@ class EfficientRAGLoop:
             pool = pool[: cfg.max_candidates]
         timing = {k: s.timing.get(k, 0.0) for k in ("retrieval", "labeler", "filter", "other")}
         timing["total"] = sum(timing.values())
-        return Result(question=s.question, chunks=pool, trace=s.trace, iterations=s.iterations, timing=timing)
+        extra = {"requery_scores": _requery_scores(s, pool)} if cfg.requery_weight else {}
+        return Result(question=s.question, chunks=pool, trace=s.trace, iterations=s.iterations, timing=timing,
+                      extra=extra)
+
+
+def _requery_scores(s: _State, chunks: list[Chunk]) -> dict[str, float]:
+    """``requery_weight``: each chunk's best score under the hop >= 1 queries. Their hits hold every chunk
+    they reached (refill retrieves past the seen ones); a chunk a query did not reach scores at most that
+    query's lowest hit. Empty when the loop stopped at hop 0."""
+    if not s.requeries:
+        return {}
+    return {c.id: max(reached.get(c.id, floor) for reached, floor in s.requeries) for c in chunks}
 
 
 def int8_copy(model):
@@ -309,6 +329,8 @@ _FLAGS = {  # effrag eval flag -> (type, help); dest = config field (except --er
                     "fused_logit: logit p(<Continue>) + weight x retrieval score"),
     "--pool-source": (str, "continue: pool of <Continue> chunks (paper); seen: rank every chunk the Labeler read"),
     "--retrieval-weight": (float, "pool-order fused: weight of the retriever's score (default 1.0)"),
+    "--requery-weight": (float, "pool-order fused: weight of a chunk's best score under the later hops' queries "
+                         "(default 0: off)"),
     "--er-batch-size": (int, "Labeler/Filter forward batch size (default 32)"),
     "--labeler-max-length": (int, "Labeler input length in sub-tokens (default: the trained length)"),
     "--stop-at-pool": (int, "end a question's loop once its pool holds this many <Continue> chunks (default: off)"),

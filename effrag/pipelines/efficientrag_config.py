@@ -14,8 +14,8 @@ CHUNK_FORMATS = ("title_text", "text")
 POOL_ORDERS = ("hop", "fused", "fused_logit")
 POOL_SOURCES = ("continue", "seen")
 CONTINUE, TERMINATE = "<Continue>", "<Terminate>"
-# options that change what the loop costs, added after configs were first written (left out of to_json at default)
-_COST_DEFAULTS = {"int8": False, "stop_at_pool": None, "prune_last_hop": False}
+# options added after configs were first written (left out of to_json at their defaults, so old configs still match)
+_ADDED_DEFAULTS = {"int8": False, "stop_at_pool": None, "prune_last_hop": False, "requery_weight": 0.0}
 
 
 @dataclass
@@ -40,6 +40,13 @@ class EfficientRAGConfig:
     (log-odds of p(<Continue>) + ``retrieval_weight`` x the retriever's score: a logistic model of the
     two signals, which keeps the Labeler's ranking among chunks it is very sure of).
     <Continue> chunks always rank before top-up chunks.
+    ``requery_weight`` (default 0, off) adds to the fused orders ``requery_weight`` x the chunk's best retriever
+    score under the later hops' queries (hop >= 1). Those queries carry what the Labeler kept (the bridge
+    entity), so a chunk read at hop 0, which the question alone could not rank (the second hop's paragraph
+    is often among the question's own top 20), gets the later query's evidence too. The loop already
+    retrieves past the chunks it has seen (``dedup`` refill), so this costs nothing: a seen chunk the later
+    query returned gets that score, one it did not return gets the lowest score that query returned (an
+    upper bound), and a question whose loop stopped at hop 0 keeps its order.
     Cost options (all off by default; ``scripts/bench_loop_cost.py`` measures them):
     ``int8`` runs the Labeler and Filter with int8 dynamic quantization of their Linear layers (CPU only;
     ignored, with a warning, on other devices). ``stop_at_pool`` ends a question's loop once its pool
@@ -67,6 +74,7 @@ class EfficientRAGConfig:
     pool_order: str = "hop"
     pool_source: str = "continue"
     retrieval_weight: float = 1.0
+    requery_weight: float = 0.0
     chunk_format: str = "title_text"
     batch_size: int = 32
     labeler_max_length: int | None = None
@@ -90,6 +98,8 @@ class EfficientRAGConfig:
             raise ValueError(f"EfficientRAGConfig.max_candidates must be >= 1 or None, got {self.max_candidates}")
         if self.stop_at_pool is not None and self.stop_at_pool < 1:
             raise ValueError(f"EfficientRAGConfig.stop_at_pool must be >= 1 or None, got {self.stop_at_pool}")
+        if self.requery_weight and self.pool_order == "hop":
+            raise ValueError("EfficientRAGConfig.requery_weight needs pool_order fused or fused_logit, got 'hop'")
         if self.min_candidates < 0:
             raise ValueError(f"EfficientRAGConfig.min_candidates must be >= 0, got {self.min_candidates}")
 
@@ -108,7 +118,7 @@ class EfficientRAGConfig:
         """The options as a dict; cost options at their defaults are left out, so the configs written before
         they existed (tuning logs, run folders, loop-<dataset>.json) still match and resume."""
         d = asdict(self)
-        return {k: v for k, v in d.items() if k not in _COST_DEFAULTS or v != _COST_DEFAULTS[k]}
+        return {k: v for k, v in d.items() if k not in _ADDED_DEFAULTS or v != _ADDED_DEFAULTS[k]}
 
 
 def build_config(config: EfficientRAGConfig | dict | str | None = None, **overrides: Any) -> EfficientRAGConfig:

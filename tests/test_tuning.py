@@ -143,3 +143,43 @@ def test_run_grid_writes_the_tuning_folder_and_resumes(tiny_efficientrag_dirs, t
     lines = (out / "results.jsonl").read_text().splitlines()
     assert len(lines) == 6 and all(json.loads(line)["setup"] == meta for line in lines)
     assert json.loads((out / "tune_config.json").read_text())["grids"] == [["a"], ["b"]]
+
+
+def test_probe_pool_ranking_compares_orders_within_the_seen_ceiling(tiny_efficientrag_dirs, tmp_path):
+    """scripts/probe_pool_ranking.py: the config's order, a cross-validated learned order and the oracle
+    order of the seen chunks; no order beats the oracle, and bad options are usage errors."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from effrag.data import sample_path
+
+    torch.set_num_threads(1)
+    spec = importlib.util.spec_from_file_location(
+        "probe_pool_ranking", Path(__file__).parents[1] / "scripts" / "probe_pool_ranking.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    cfg = tmp_path / "loop.json"
+    cfg.write_text(json.dumps({"config": {"hop_k": 4, "max_hops": 2, "tag_threshold": 0.3, "pool_order": "fused",
+                                          "requery_weight": 0.5, "max_candidates": 3}}))
+    dev = sample_path("hotpotqa", "dev")
+    out = tmp_path / "probe"
+    args = ["--labeler", str(tiny_efficientrag_dirs["labeler"]), "--filter", str(tiny_efficientrag_dirs["filter"]),
+            "--er-config", str(cfg), "--questions", str(dev), "--limit", "8", "--retriever", "bm25",
+            "--folds", "2", "--output", str(out)]
+    assert probe.main(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    curves = report["curves"]
+    assert set(curves) == {"config", "learned (CV)", "learned (in-sample)", "oracle order of the seen chunks",
+                           "Direct-R@k"}
+    assert all(len(v) == 10 for v in curves.values())
+    oracle = curves["oracle order of the seen chunks"]
+    for name in ("config", "learned (CV)", "learned (in-sample)"):
+        assert all(a <= b + 1e-9 for a, b in zip(curves[name], oracle)), name
+        assert curves[name] == sorted(curves[name])  # a longer cut never holds less gold
+    assert len(report["weights"]) == len(probe.FEATURES) and report["loop_config"]["requery_weight"] == 0.5
+    assert "| learned (CV) |" in (out / "report.md").read_text()
+    with pytest.raises(SystemExit):
+        probe.main(args[:-4] + ["--folds", "1", "--output", str(out)])

@@ -14,7 +14,8 @@
 #    dev files are synthesised too (validation during training).
 # 2. Labeler and Filter training with configs/{labeler,filter}.yaml on every synthesised record.
 # 3. scripts/tune_efficientrag.py on each dev file (grid TUNE_GRID), scripts/efficientrag_report.py for the card.
-# Every stage resumes; finished stages are reused. ~35 min on 2 CPU cores (fp32: this CPU class has no fast bf16).
+# Every stage resumes; finished stages are reused. ~70-80 min on 2 CPU cores (fp32: this CPU class has no fast bf16), of
+# which the three datasets' tuning with requery_weight in both grids took 28 min (reports/efficientrag/requery).
 # Env: DATA (default ../shared/data), PROCESSES (CPU processes, default 1), BIN (default .venv/bin), LAUNCH (raw
 # `accelerate launch` arguments for GPUs, e.g. LAUNCH="--multi_gpu --num_processes 4"), BUDGET, NEG_PER_QUERY, CONTEXT_NEG,
 # TUNE_GRID, TUNE_GRID2, NAME (checkpoint name, default the dataset), LABELER_ARGS (Labeler-only overrides). Extra

@@ -44,13 +44,10 @@ def _tokens(text: str) -> set[str]:
     return {w for w in re.findall(r"[a-z0-9]+", text.lower()) if w not in _STOP}
 
 
-def _logit(p: float, eps: float = 1e-6) -> float:
-    p = min(max(p, eps), 1.0 - eps)
-    return math.log(p / (1.0 - p))
-
-
 def features(result) -> list[list[float]]:
     """One row of :data:`FEATURES` per chunk of ``result`` (a seen-pool run with requery scores)."""
+    from effrag.pipelines.efficientrag import _logit  # the loop's own clipped log-odds
+
     hops = result.trace
     rank0 = {c["id"]: i for i, c in enumerate(hops[0]["chunks"])} if hops else {}
     later = _tokens(" ".join(q for e in hops[1:] for q in e["queries"]))

@@ -251,9 +251,9 @@ class EfficientRAGLoop:
 
     def _finish(self, s: _State) -> Result:
         cfg = self.config
+        requery = _requery_scores(s, s.pool + s.rejected)  # empty unless requery_weight recorded later queries
         if cfg.pool_order in ("fused", "fused_logit"):
             own = (lambda c: c.score) if cfg.pool_order == "fused" else (lambda c: _logit(c.score))
-            requery = _requery_scores(s, s.pool + s.rejected)
             later = lambda c: cfg.requery_weight * requery.get(c.id, 0.0)  # noqa: E731
             pool_key = extra_key = lambda c: (-(own(c) + cfg.retrieval_weight * c.retrieval_score + later(c)), c.hop)
         else:
@@ -269,7 +269,7 @@ class EfficientRAGLoop:
             pool = pool[: cfg.max_candidates]
         timing = {k: s.timing.get(k, 0.0) for k in ("retrieval", "labeler", "filter", "other")}
         timing["total"] = sum(timing.values())
-        extra = {"requery_scores": _requery_scores(s, pool)} if cfg.requery_weight else {}
+        extra = {"requery_scores": {c.id: requery[c.id] for c in pool if c.id in requery}} if cfg.requery_weight else {}
         return Result(question=s.question, chunks=pool, trace=s.trace, iterations=s.iterations, timing=timing,
                       extra=extra)
 

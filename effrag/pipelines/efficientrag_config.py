@@ -115,8 +115,9 @@ class EfficientRAGConfig:
         return self.from_dict({**asdict(self), **changes})
 
     def to_json(self) -> dict[str, Any]:
-        """The options as a dict; cost options at their defaults are left out, so the configs written before
-        they existed (tuning logs, run folders, loop-<dataset>.json) still match and resume."""
+        """The options as a dict; options added later (``_ADDED_DEFAULTS``) are left out at their defaults, so
+        the configs written before they existed (tuning logs, run folders, loop-<dataset>.json) still match and
+        resume."""
         d = asdict(self)
         return {k: v for k, v in d.items() if k not in _ADDED_DEFAULTS or v != _ADDED_DEFAULTS[k]}
 

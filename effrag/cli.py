@@ -205,6 +205,7 @@ def _cmd_eval(args) -> None:
         raise ValueError("give --llm or --reader for the answers, not both")
     # the reader loads before the corpus and index, so a bad checkpoint fails at once
     reader_opts = reader_options(cls, args.reader, args.reader_mode == "together", args.reader_context)
+    cls.check_options(**method_options(args))  # a bad loop option fails before the index is built, too
     setup = RunSetup.from_args(args)
     answer_aliases = apply_aliases(args, setup.questions)  # extends 2Wiki answers in place when --aliases is given
     if setup.missing_gold_warning():

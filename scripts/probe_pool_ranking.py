@@ -165,4 +165,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (OSError, ValueError) as e:  # a missing file, a bad config or dataset: one line, no traceback
+        sys.exit(f"probe_pool_ranking: error: {e}")

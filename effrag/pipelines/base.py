@@ -70,6 +70,11 @@ class Pipeline:
     def add_args(cls, parser: argparse.ArgumentParser) -> None:
         """Add method-specific ``effrag eval`` options; their values reach ``__init__`` as keywords."""
 
+    @classmethod
+    def check_options(cls, **opts: Any) -> None:
+        """Raise ValueError on bad method options before any corpus or index is built (default: checked in
+        ``__init__`` only)."""
+
 
 def llm_options(cls: type[Pipeline], llm: str | None, dataset: str | None) -> dict[str, Any]:
     """Keywords for ``cls(...)`` from an LLM spec (``effrag eval --llm``) and the questions' dataset.

@@ -377,14 +377,23 @@ class EfficientRAGPipeline(Pipeline):
     def __init__(self, retriever, labeler=None, filter=None, config=None, generator=None,
                  k: int | None = None, er_config: str | None = None, er_batch_size: int | None = None,
                  er_bf16: bool | None = None, **options: Any):
+        config = self._config(labeler, filter, config, k, er_config, er_batch_size, er_bf16, **options)
+        self.loop = EfficientRAGLoop(*load_models(labeler, filter), retriever, config)
+        self.generator = generator
+
+    @staticmethod
+    def _config(labeler, filter, config, k, er_config, er_batch_size, er_bf16, **options: Any) -> EfficientRAGConfig:
         if labeler is None or filter is None:
             raise ValueError("efficientrag needs --labeler DIR and --filter DIR (trained checkpoints)")
         if k is not None and options.get("hop_k") is None:
             options["hop_k"] = k
         options.setdefault("bf16", er_bf16)
-        config = build_config(config or er_config, batch_size=er_batch_size, **options)
-        self.loop = EfficientRAGLoop(*load_models(labeler, filter), retriever, config)
-        self.generator = generator
+        return build_config(config or er_config, batch_size=er_batch_size, **options)
+
+    @classmethod
+    def check_options(cls, labeler=None, filter=None, config=None, k=None, er_config=None, er_batch_size=None,
+                      er_bf16=None, **options: Any) -> None:
+        cls._config(labeler, filter, config, k, er_config, er_batch_size, er_bf16, **options)
 
     config = loop_config
 

@@ -133,7 +133,8 @@ def main(argv=None) -> int:
                                  requery_weight=config.requery_weight or 1e-9)  # records every later query's hits
     seen = batches()
     x = [features(r) for r in seen]
-    y = [[float(c.id in set(g)) for c in r.chunks] for r, g in zip(seen, gold)]
+    gold_sets = [set(g) for g in gold]
+    y = [[float(c.id in g) for c in r.chunks] for r, g in zip(seen, gold_sets)]
     idx = list(range(len(seen)))
     random.Random(args.seed or 0).shuffle(idx)
     cv_scores: list = [None] * len(seen)
@@ -143,7 +144,7 @@ def main(argv=None) -> int:
         for i in test:
             cv_scores[i] = score(x[i])
     score_all, weights = fit_ranker(list(zip(x, y)))
-    oracle = [sorted((c.id for c in r.chunks), key=lambda cid: cid not in set(g)) for r, g in zip(seen, gold)]
+    oracle = [sorted((c.id for c in r.chunks), key=lambda cid, g=g: cid not in g) for r, g in zip(seen, gold_sets)]
     direct = {d["k"]: 100 * d["recall"] for d in direct_r_curve(loop.retriever, texts, gold, 10)}
     rows = {"config": curve([[c.id for c in r.chunks] for r in own], gold),
             "learned (CV)": curve([ranked(r, s) for r, s in zip(seen, cv_scores)], gold),

@@ -86,6 +86,19 @@ def loop_config(path: Path | None, dataset: str) -> str | None:
     return str(f)
 
 
+def check_loop_configs(args, files: list[Path]) -> None:
+    """Before the index is built and any method runs: every questions file's dataset has its loop config (a
+    missing ``loop-<dataset>.json`` would otherwise stop the run after hours of the other methods)."""
+    if "efficientrag" not in args.methods or not (args.labeler and args.filter):
+        return
+    from effrag.data import load_questions
+
+    for f in files:
+        qs = load_questions(f, None, limit=1)
+        if qs:
+            loop_config(args.er_config, qs[0].dataset)
+
+
 class CPUTimed:
     """Adds ``cpu_s`` (process CPU seconds per question, LLM included when in process) to each output:
     unlike wall latency it does not depend on what else shares the cores."""
@@ -176,6 +189,7 @@ def main(argv=None) -> int:
 
     method_opts = json.loads(args.method_opts)
     files = [Path(f) for f in args.questions]
+    check_loop_configs(args, files)
     corpus = open_corpus(corpus_from=[*files, *map(Path, args.corpus_from)])  # one corpus for every file
     retriever = open_retriever(args.retriever, corpus)  # cached index: a resumed run does not re-encode
     llm = load_llm(args.llm)

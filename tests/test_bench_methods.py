@@ -57,3 +57,16 @@ def test_report_only_tabulates_finished_runs_and_names_the_missing(bench, tmp_pa
     assert data["rows"][0]["cpu_s"] == 4.0 and data["rows"][0]["f1"] == 0.25
     assert "hotpotqa ircot: not run (no metrics.json)" in data["notes"]
     assert "| direct-r | hotpotqa | 2 |" in (out / "bench.md").read_text()
+
+
+def test_a_missing_loop_config_stops_the_run_before_the_index_is_built(bench, tmp_path):
+    sample = ROOT / "effrag" / "data" / "sample"
+    only_hotpot = tmp_path / "er"
+    only_hotpot.mkdir()
+    (only_hotpot / "loop-hotpotqa.json").write_text("{}")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match="no loop-musique.json for musique"):
+        bench.main(["--questions", str(sample / "hotpotqa" / "dev.jsonl"), str(sample / "musique" / "dev.jsonl"),
+                    "--retriever", "dense", "--methods", "direct-r", "efficientrag", "--labeler", "L",
+                    "--filter", "F", "--er-config", str(only_hotpot), "--output", str(out)])
+    assert not out.exists()  # nothing ran, no index was built

@@ -1,0 +1,47 @@
+"""scripts/labeler_breakdown.py: which kind of labeler record each row counts, and its bad-input errors."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+
+
+@pytest.fixture(scope="module")
+def lb():
+    spec = importlib.util.spec_from_file_location("labeler_breakdown", ROOT / "scripts" / "labeler_breakdown.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rec(qid, hop, query, tag):
+    return {"qid": qid, "hop": hop, "query": query, "tag": tag, "chunk_words": ["x"]}
+
+
+def test_rows_split_gold_by_hop_and_by_the_query_it_is_read_under(lb):
+    q = "Who founded the company that distributed UHF?"
+    records = [_rec("a", 1, q, 1), _rec("a", 2, "Who founded Orion Pictures", 1), _rec("a", 2, q, 1),
+               _rec("a", 1, q, 0), _rec("a", 4, "Who founded Orion", 1), _rec("b", 2, "When was X", 1)]
+    rows = {r["kind"]: r for r in lb.breakdown(records, [0.9, 0.4, 0.2, 0.7, 0.6, 0.8])}
+    assert rows["gold, hop 1, under the question"] == {"kind": "gold, hop 1, under the question", "n": 1,
+                                                       "accuracy": 1.0, "mean_p_continue": 0.9}
+    assert rows["gold, hop 2, under the question"]["accuracy"] == 0.0
+    assert rows["negative"]["accuracy"] == 0.0  # p 0.7 on a non-gold chunk is a miss
+    assert rows["gold, hop 3+, under its query"]["n"] == 1
+    # question b has no hop-1 record: its question is unknown, so its hop-2 record counts as under its query
+    assert rows["gold, hop 2, under its query"]["n"] == 2
+    assert rows["gold, hop 2, under its query"]["mean_p_continue"] == pytest.approx(0.6)
+    assert next(iter(rows)) == "negative"
+
+
+def test_a_bad_records_file_is_named_with_its_line(lb, tmp_path):
+    f = tmp_path / "labeler.jsonl"
+    f.write_text('{"qid": "a", "query": "q", "chunk_words": ["x"], "tag": 1}\n{"qid": "b"}\n')
+    with pytest.raises(SystemExit, match=r"labeler\.jsonl:2: not a labeler record"):
+        lb.read_records(f)
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(SystemExit, match="empty.jsonl: no records"):
+        lb.main(["--labeler", "L", "--records", str(tmp_path / "empty.jsonl"), "--output", str(tmp_path / "o")])

@@ -38,14 +38,15 @@ def record_kind(rec: dict, question: str | None) -> str:
     """The row of the table a labeler record belongs to (see the module docstring)."""
     if not rec.get("tag"):
         return "negative"
-    hop = min(int(rec.get("hop", 1)), 3)
-    hop_name = f"hop {hop}" if hop < 3 else "hop 3+"
-    if hop == 1:
-        return "gold, hop 1, under the question" if rec["query"] == question else "gold, hop 1, under another query"
-    return f"gold, {hop_name}, under " + ("the question" if rec["query"] == question else "its query")
+    hop = int(rec.get("hop", 1))
+    hop_name = "hop 1" if hop == 1 else "hop 2" if hop == 2 else "hop 3+"
+    under = "the question" if rec["query"] == question else "another query" if hop == 1 else "its query"
+    return f"gold, {hop_name}, under {under}"
 
 
 def read_records(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise SystemExit(f"labeler_breakdown: error: {path}: no such file")
     out = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():

@@ -1,9 +1,25 @@
 """Shared fixtures: the bundled real sample, loaded once per test session."""
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 
 from effrag.data import Corpus, load_questions, sample_files
+
+ROOT = Path(__file__).parents[1]
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """``load_script("bench_methods")``: a module of ``scripts/`` (not a package, so not importable by name)."""
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    return load
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,6 @@
 """scripts/bench_methods.py: per-dataset loop configs, the speed-up notes and the table of a stopped run."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,11 +10,8 @@ ROOT = Path(__file__).parents[1]
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_methods", ROOT / "scripts" / "bench_methods.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def bench(load_script):
+    return load_script("bench_methods")
 
 
 def test_er_config_is_a_file_or_a_directory_of_loop_configs(bench, tmp_path):

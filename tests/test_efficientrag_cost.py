@@ -4,8 +4,6 @@ Real tiny models (tests/conftest.py ``tiny_efficientrag_dirs``) and real BM25 ov
 """
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -166,13 +164,10 @@ def test_stop_at_pool_ends_a_question_once_its_pool_is_full(continuing, retrieve
 
 # ---------------------------------------------------------------------- the benchmark's core
 
-def test_bench_loop_cost_measures_a_tiny_setup(models, retriever, corpus, hotpot):
+def test_bench_loop_cost_measures_a_tiny_setup(models, retriever, corpus, hotpot, load_script):
     from effrag.data import map_gold
 
-    spec = importlib.util.spec_from_file_location(
-        "bench_loop_cost", Path(__file__).parents[1] / "scripts" / "bench_loop_cost.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench_loop_cost")
     qs = hotpot[:4]
     setup = SimpleNamespace(texts=[q.question for q in qs], gold=map_gold(qs, corpus), retriever=retriever,
                             corpus=corpus)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -428,15 +427,12 @@ def test_bm25_article_option_is_appendix_b_score(tmp_path):
     assert loaded.opts["article"] is True and list(loaded.scores("zorbland")) == pytest.approx(list(s_art))
 
 
-def test_tune_irrr_replays_thresholds_and_return_k(electra, tmp_path):
+def test_tune_irrr_replays_thresholds_and_return_k(electra, tmp_path, load_script):
     """scripts/tune_irrr.py: one run to the cap per (query threshold, first_k), stops and fills replayed from it."""
-    import importlib.util
 
     from effrag.data import sample_path as sp
 
-    spec = importlib.util.spec_from_file_location("tune_irrr", Path(__file__).parents[1] / "scripts" / "tune_irrr.py")
-    tune = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tune)
+    tune = load_script("tune_irrr")
     _rigged(electra, NOANSWER).save_pretrained(tmp_path / "m")
     out = tmp_path / "t"
     args = ["--irrr", str(tmp_path / "m"), "--data", str(sp("hotpotqa", "dev").parents[1]), "--datasets", "hotpotqa",
@@ -470,13 +466,10 @@ def test_tune_irrr_replays_thresholds_and_return_k(electra, tmp_path):
     assert json.loads((out / "grid.json").read_text())["grid"] == grid
 
 
-def test_bench_qa_irrr_config_file_configures_the_loop(electra, sample_corpus, tmp_path):
+def test_bench_qa_irrr_config_file_configures_the_loop(electra, sample_corpus, tmp_path, load_script):
     """scripts/bench_qa.py --irrr-config: a tuner's best.json sets IRRR's loop; bad files are one-line errors."""
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench_qa", Path(__file__).parents[1] / "scripts" / "bench_qa.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench_qa")
     assert bench.load_irrr_config(None) == {}
     best = tmp_path / "best.json"
     best.write_text(json.dumps({"query_threshold": 0.15, "answer_threshold": -2.0, "max_path": 2, "k": 2,

@@ -1,20 +1,11 @@
 """scripts/labeler_breakdown.py: which kind of labeler record each row counts, and its bad-input errors."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).parents[1]
-
-
 @pytest.fixture(scope="module")
-def lb():
-    spec = importlib.util.spec_from_file_location("labeler_breakdown", ROOT / "scripts" / "labeler_breakdown.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def lb(load_script):
+    return load_script("labeler_breakdown")
 
 
 def _rec(qid, hop, query, tag):
@@ -42,6 +33,8 @@ def test_a_bad_records_file_is_named_with_its_line(lb, tmp_path):
     f.write_text('{"qid": "a", "query": "q", "chunk_words": ["x"], "tag": 1}\n{"qid": "b"}\n')
     with pytest.raises(SystemExit, match=r"labeler\.jsonl:2: not a labeler record"):
         lb.read_records(f)
+    with pytest.raises(SystemExit, match="missing.jsonl: no such file"):
+        lb.read_records(tmp_path / "missing.jsonl")
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(SystemExit, match="empty.jsonl: no records"):
         lb.main(["--labeler", "L", "--records", str(tmp_path / "empty.jsonl"), "--output", str(tmp_path / "o")])

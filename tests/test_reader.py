@@ -4,7 +4,6 @@ A tiny encoder from test_models.py (built in code, no download) on records of th
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -21,7 +20,6 @@ from effrag.training import evaluate_only, load_config, train  # noqa: E402
 from effrag.training.data import RecordError, read_jsonl  # noqa: E402
 from effrag.training.tasks.reader import check_reader_record, write_reader_data  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 DATASETS = ("hotpotqa", "2wikimqa", "musique")
 
 
@@ -54,7 +52,7 @@ def test_records_from_dataset_files_are_spans_and_no_answer_documents(data):
         check_reader_record({**yes_no[0], "answer_type": "yes", "answer_start": 0}, "x.jsonl:5")
 
 
-def test_train_reader_reduces_loss_predicts_spans_and_round_trips(data, tmp_path):
+def test_train_reader_reduces_loss_predicts_spans_and_round_trips(data, tmp_path, load_script):
     out = tmp_path / "run"
     cfg = load_config("reader", {  # the packaged configs/reader.yaml, by name
         "model": {"name_or_path": data["base"], "max_length": 96},
@@ -82,9 +80,7 @@ def test_train_reader_reduces_loss_predicts_spans_and_round_trips(data, tmp_path
     assert evaluate_only(cfg, str(out / "last"))["span_loss"] == pytest.approx(ev["span_loss"], rel=1e-5)
 
     # the recipe's model card for it, from the run's own files
-    spec = importlib.util.spec_from_file_location("train_models", REPO / "scripts" / "train_models.py")
-    tm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tm)
+    tm = load_script("train_models")
     card = tm.model_card("tiny", "reader", out, ["accelerate", "launch", "train.py", "--config", "configs/reader.yaml"],
                          None, recipe="python scripts/train_models.py --models reader --name tiny")
     assert card.startswith("# reader-tiny\n") and "| all | " in card and "answer_exact" in card

@@ -299,14 +299,11 @@ def test_deepspeed_zero2_on_cpu(tiny, tmp_path):
     assert isinstance(load_model(tmp_path / "ds" / "last"), FilterModel)
 
 
-def test_recipe_passes_labeler_only_overrides(tmp_path):
+def test_recipe_passes_labeler_only_overrides(tmp_path, load_script):
     """scripts/train_models.py: LABELER_ARGS (e.g. a SmolLM2 backbone) reach the Labeler's train.py, not the Filter's."""
     import argparse
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("train_models", Path(__file__).parents[1] / "scripts" / "train_models.py")
-    tm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tm)
+    tm = load_script("train_models")
     args = argparse.Namespace(synth=str(tmp_path), labeler_overrides="--model.name_or_path smollm2 --train.lr 5e-5",
                               launch_args="--num_processes 1", processes=1, paper=False)
     shared = ["--data.max_train_examples", "100000"]

@@ -145,22 +145,17 @@ def test_run_grid_writes_the_tuning_folder_and_resumes(tiny_efficientrag_dirs, t
     assert json.loads((out / "tune_config.json").read_text())["grids"] == [["a"], ["b"]]
 
 
-def test_probe_pool_ranking_compares_orders_within_the_seen_ceiling(tiny_efficientrag_dirs, tmp_path):
+def test_probe_pool_ranking_compares_orders_within_the_seen_ceiling(tiny_efficientrag_dirs, tmp_path, load_script):
     """scripts/probe_pool_ranking.py: the config's order, a cross-validated learned order and the oracle
     order of the seen chunks; no order beats the oracle, and bad options are usage errors."""
-    import importlib.util
     import json
-    from pathlib import Path
 
     import torch
 
     from effrag.data import sample_path
 
     torch.set_num_threads(1)
-    spec = importlib.util.spec_from_file_location(
-        "probe_pool_ranking", Path(__file__).parents[1] / "scripts" / "probe_pool_ranking.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = load_script("probe_pool_ranking")
     cfg = tmp_path / "loop.json"
     cfg.write_text(json.dumps({"config": {"hop_k": 4, "max_hops": 2, "tag_threshold": 0.3, "pool_order": "fused",
                                           "requery_weight": 0.5, "max_candidates": 3}}))

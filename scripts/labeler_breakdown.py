@@ -21,6 +21,8 @@ to ``--output``:
     python scripts/labeler_breakdown.py --labeler effrag/pretrained/efficientrag-all/labeler \\
         --records runs/synth/dev_hotpotqa/labeler.jsonl runs/synth/dev_2wikimqa/labeler.jsonl \\
         runs/synth/dev_musique/labeler.jsonl --output reports/efficientrag/labeler-breakdown
+
+Without ``--labeler`` it only counts the records of each kind: the composition of a training file.
 """
 from __future__ import annotations
 
@@ -62,23 +64,27 @@ def read_records(path: Path) -> list[dict]:
     return out
 
 
-def breakdown(records: list[dict], p_continue: list[float]) -> list[dict]:
-    """One row per record kind: n, accuracy at 0.5, mean p(<Continue>)."""
+def breakdown(records: list[dict], p_continue: list[float] | None = None) -> list[dict]:
+    """One row per record kind: n, accuracy at 0.5, mean p(<Continue>) (``None`` without predictions: the
+    training data's composition)."""
     questions = {r["qid"]: r["query"] for r in records if int(r.get("hop", 1)) == 1 and r.get("tag")}
-    groups: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    for r, p in zip(records, p_continue):
+    groups: dict[str, list[tuple[float | None, int]]] = defaultdict(list)
+    for r, p in zip(records, p_continue or [None] * len(records)):
         groups[record_kind(r, questions.get(r["qid"]))].append((p, int(bool(r.get("tag")))))
     rows = []
     for kind in sorted(groups, key=lambda k: (k != "negative", k)):
         v = groups[kind]
-        rows.append({"kind": kind, "n": len(v), "accuracy": sum((p > 0.5) == bool(t) for p, t in v) / len(v),
-                     "mean_p_continue": sum(p for p, _ in v) / len(v)})
+        scored = p_continue is not None
+        rows.append({"kind": kind, "n": len(v),
+                     "accuracy": sum((p > 0.5) == bool(t) for p, t in v) / len(v) if scored else None,
+                     "mean_p_continue": sum(p for p, _ in v) / len(v) if scored else None})
     return rows
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--labeler", required=True, help="Labeler checkpoint directory")
+    ap.add_argument("--labeler", help="Labeler checkpoint directory; without it, only the records per kind are "
+                                      "counted (e.g. a train file's composition)")
     ap.add_argument("--records", nargs="+", required=True, type=Path, help="synthesized labeler.jsonl files")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--output", required=True, type=Path)
@@ -88,17 +94,18 @@ def main(argv=None) -> int:
     from effrag.provenance import provenance
 
     data = {str(f): read_records(f) for f in args.records}  # bad input fails before the model loads
-    model = load_model(args.labeler)
+    model = load_model(args.labeler) if args.labeler else None
     table = []
     for f, records in data.items():
         dataset = records[0].get("dataset", Path(f).parent.name)
         print(f"{dataset}: {len(records)} records", file=sys.stderr)
-        preds = model.predict([r["query"] for r in records], [r["chunk_words"] for r in records],
-                              batch_size=args.batch_size)
-        table += [{"dataset": dataset, **row} for row in breakdown(records, [p for p, _ in preds])]
+        preds = model and model.predict([r["query"] for r in records], [r["chunk_words"] for r in records],
+                                        batch_size=args.batch_size)
+        table += [{"dataset": dataset, **row} for row in breakdown(records, preds and [p for p, _ in preds])]
     args.output.mkdir(parents=True, exist_ok=True)
     cols = ["dataset", "kind", "n", "accuracy", "mean_p_continue"]
-    md = md_table(cols, [[r["dataset"], r["kind"], str(r["n"]), f"{r['accuracy']:.3f}", f"{r['mean_p_continue']:.3f}"]
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    md = md_table(cols, [[r["dataset"], r["kind"], str(r["n"]), fmt(r["accuracy"]), fmt(r["mean_p_continue"])]
                          for r in table]) + "\n"
     (args.output / "breakdown.md").write_text(md)
     (args.output / "breakdown.json").write_text(json.dumps(

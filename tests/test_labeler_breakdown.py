@@ -1,6 +1,8 @@
 """scripts/labeler_breakdown.py: which kind of labeler record each row counts, and its bad-input errors."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 @pytest.fixture(scope="module")
@@ -38,3 +40,15 @@ def test_a_bad_records_file_is_named_with_its_line(lb, tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(SystemExit, match="empty.jsonl: no records"):
         lb.main(["--labeler", "L", "--records", str(tmp_path / "empty.jsonl"), "--output", str(tmp_path / "o")])
+
+
+def test_without_a_labeler_it_counts_the_records_of_each_kind(lb, tmp_path):
+    q = "Who founded the company that distributed UHF?"
+    f = tmp_path / "labeler.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in [_rec("a", 1, q, 1), _rec("a", 2, q, 1), _rec("a", 2, "x", 1)]))
+    assert lb.main(["--records", str(f), "--output", str(tmp_path / "o")]) == 0
+    rows = json.loads((tmp_path / "o" / "breakdown.json").read_text())["rows"]
+    assert [(r["kind"], r["n"], r["accuracy"]) for r in rows] == [
+        ("gold, hop 1, under the question", 1, None), ("gold, hop 2, under its query", 1, None),
+        ("gold, hop 2, under the question", 1, None)]
+    assert "| gold, hop 2, under its query | 1 | - | - |" in (tmp_path / "o" / "breakdown.md").read_text()

@@ -329,8 +329,11 @@ def next_query_labels(query: str, kept: list[list[str]], resolved: list[Step], r
 
     A query word is kept if it matches a remaining step, or matches no answered step and
     is not wedged between two dropped words (a relative clause about the answered part:
-    "the country that *produced* Fist Power"). The leading question word stays; stop words
-    (and hyphens) between two kept words stay. Then each bridge is labeled in the Info words.
+    "the country that *produced* Fist Power"). The query's start is not a dropped word: the
+    outermost relation leads an English question ("Who was *married* to the creator of ...")
+    and belongs to the hop still to come. Its end is: a trailing word closes the innermost,
+    answered clause ("... where Signmark was *born*"). The leading question word stays; stop
+    words (and hyphens) between two kept words stay. Then each bridge is labeled in the Info words.
     """
     src = filter_input_words(query, kept)
     nq = len(words(query))
@@ -341,7 +344,7 @@ def next_query_labels(query: str, kept: list[list[str]], resolved: list[Step], r
     status = {i: 2 if key_matches(keys[i], todo) else 0 if key_matches(keys[i], done) else 1 for i in content}
     labels = [0] * len(src)
     for n, i in enumerate(content):
-        prev_dropped = n == 0 or status[content[n - 1]] == 0
+        prev_dropped = n > 0 and status[content[n - 1]] == 0
         next_dropped = n == len(content) - 1 or status[content[n + 1]] == 0
         if status[i] == 2 or (status[i] == 1 and not (prev_dropped and next_dropped)):
             labels[i] = 1

@@ -89,6 +89,27 @@ def test_musique_filter_drops_the_answered_part(annotated):
     assert "Signmark" not in target  # answered by hop 1: the bridge replaces it
 
 
+def test_a_leading_relation_word_stays_in_the_next_query_and_a_trailing_one_does_not():
+    """The query's start is not a dropped word: the outermost relation ("married") leads the question and
+    belongs to the hop still to come; a trailing word closes the answered clause ("born") and goes."""
+    from data_synthesis.annotation import Step, next_query_labels
+
+    def target(query: str, answered: set[str], kept: list[str], bridge: str) -> str:
+        done = Step(0, "", bridge, [], {k for k in content_keys(words(query)) if key_matches(k, answered)})
+        todo = Step(1, "", "", [0], set())  # MuSiQue's sub-question names the relation differently
+        src, labels, missing = next_query_labels(query, [kept], [done], [todo], [bridge])
+        assert not missing
+        return join_words([w for w, l in zip(src, labels) if l])
+
+    q = target("Who was married to the creator of Fist Power?", content_keys(words("creator Fist Power")),
+               words("Fist Power was created by Laura Knight ."), "Laura Knight")
+    assert q.split()[:2] == ["Who", "was"] and "married" in q and "Laura Knight" in q
+    assert "Fist" not in q and "creator" not in q
+    q = target("What currency is used in the country where Signmark was born?",
+               content_keys(words("country Signmark")), words("Signmark is from Finland ."), "Finland")
+    assert "currency" in q and "Finland" in q and "born" not in q and "Signmark" not in q
+
+
 def test_hotpotqa_bridge_and_comparison(annotated):
     for q, a in annotated["hotpotqa"]:
         hop1 = [r for r in a.labeler if r["hop"] == 1]

@@ -2,7 +2,7 @@
 
     effrag synthesize --inputs train_hotpot.jsonl train_2wiki.jsonl train_musique.jsonl \\
         --output runs/synth/train_all [--source annotation|llm] [--llm SPEC] \\
-        [--retriever bm25|dense|hybrid] [--corpus-from FILE...] [--no-negatives] [--context-negatives N] [--limit N]
+        [--retriever bm25|dense|hybrid] [--corpus-from FILE...] [--no-negatives] [--skip-answer-negatives] [--context-negatives N] [--limit N]
 
 Rerunning the same command resumes an interrupted run.
 
@@ -40,6 +40,8 @@ def add_synthesize_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-negatives", dest="negatives", action="store_false", help="skip hard negatives")
     p.add_argument("--neg-k", type=positive_int, default=10, help="hits searched per query for a negative")
     p.add_argument("--neg-per-query", type=positive_int, default=1, help="hard negatives per query (paper: 1)")
+    p.add_argument("--skip-answer-negatives", action="store_true",
+                   help="pass over a mined hit that states the question's answer (it may be another support for it)")
     p.add_argument("--context-negatives", type=int, default=0, metavar="N",
                    help="also up to N of each question's own distractor paragraphs as negatives under the "
                         "question, hardest first (default 0: none; works with --no-negatives too)")
@@ -73,7 +75,8 @@ def run_synthesize(args) -> dict:
                         negatives=args.negatives, limit=args.limit, corpus_from=args.corpus_from,
                         batch_size=args.batch_size, neg_k=args.neg_k, per_query=args.neg_per_query, cache_dir=args.cache_dir,
                         encoder_path=args.encoder, bf16=args.bf16, show_progress=not args.quiet,
-                        output_format=args.output_format, context_negatives=args.context_negatives)
+                        output_format=args.output_format, context_negatives=args.context_negatives,
+                        skip_answer_negatives=args.skip_answer_negatives)
     if args.quiet:
         print(json.dumps(result))
     return result

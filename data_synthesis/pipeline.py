@@ -31,7 +31,8 @@ from .stats import format_table, write_stats
 
 log = logging.getLogger(__name__)
 SOURCES = ("annotation", "llm")
-_RESUME_KEYS = ("source", "retriever", "negatives", "neg_k", "per_query", "context_negatives")
+_RESUME_KEYS = ("source", "retriever", "negatives", "neg_k", "per_query", "context_negatives",
+                "skip_answer_negatives")
 
 
 def load_inputs(inputs: Sequence[str | Path], limit: int | None = None) -> tuple[list[Question], list[dict]]:
@@ -112,7 +113,8 @@ def synthesize(inputs: Sequence[str | Path], out_dir: str | Path, source: str = 
                corpus_from: Sequence[str | Path] | None = None, batch_size: int | None = None,
                neg_k: int = 10, per_query: int = 1, cache_dir: str | Path | None = None,
                encoder_path: str | None = None, bf16: bool = False, show_progress: bool = True,
-               output_format: str = "jsonl", context_negatives: int = 0) -> dict[str, Any]:
+               output_format: str = "jsonl", context_negatives: int = 0,
+               skip_answer_negatives: bool = False) -> dict[str, Any]:
     """Synthesize training data from ``inputs`` into ``out_dir``; returns the run summary.
 
     ``retriever`` is a kind (``"bm25"``, ``"dense"``, ``"hybrid"``) built over the
@@ -122,6 +124,8 @@ def synthesize(inputs: Sequence[str | Path], out_dir: str | Path, source: str = 
     only the crash-safe log, emptied once exported) or ``both`` (:mod:`data_synthesis.export`).
     ``context_negatives`` adds up to that many of each question's own distractor paragraphs as
     negatives under the question (:func:`~data_synthesis.negatives.context_negatives`; 0 = none).
+    ``skip_answer_negatives`` passes over a mined hit that states the question's answer
+    (:func:`~data_synthesis.negatives.mine_negatives`).
     """
     from .export import FORMATS, export_arrow
 
@@ -145,6 +149,7 @@ def synthesize(inputs: Sequence[str | Path], out_dir: str | Path, source: str = 
         "source": source, "retriever": kind if negatives else None, "negatives": negatives,
         "neg_k": neg_k if negatives else None, "per_query": per_query if negatives else None,
         "context_negatives": context_negatives or None,  # None when off: directories made before it resume
+        "skip_answer_negatives": (skip_answer_negatives and negatives) or None,  # None when off, as before it existed
         "inputs": [str(Path(p).resolve()) for p in inputs],
         "corpus_from": [str(Path(p).resolve()) for p in (corpus_from or inputs)], "limit": limit,
         "llm": getattr(llm, "model_id", None) if llm is not None else None,
@@ -174,7 +179,7 @@ def synthesize(inputs: Sequence[str | Path], out_dir: str | Path, source: str = 
 
                 ok = [(q, r) for q, r in zip(batch, results) if r["status"] == "ok"]
                 negs = mine_negatives([(q, r["filters"]) for q, r in ok], retriever, k=neg_k,
-                                      per_query=per_query, source=source)
+                                      per_query=per_query, source=source, skip_answer=skip_answer_negatives)
                 for (q, r), neg in zip(ok, negs):
                     r["labeler"] = r["labeler"] + neg
                     summary["negatives"] += len(neg)

@@ -20,6 +20,7 @@ from data_synthesis.pipeline import synthesize
 from data_synthesis.stats import compute_stats, format_table
 from effrag.data import Corpus, load_questions, sample_path
 from effrag.text import join_words, words
+from effrag.data.records import normalize_space
 
 REPO = Path(__file__).resolve().parents[1]
 DATASETS = ("hotpotqa", "2wikimqa", "musique")
@@ -200,6 +201,27 @@ def test_several_dense_negatives_per_query_are_the_best_non_gold_hits(train, ann
             assert mine == expected and len(mine) == 3
     with pytest.raises(ValueError, match="per_query"):
         mine_negatives(items, retriever, k=2, per_query=3)
+
+
+def test_a_hit_that_states_the_answer_is_not_mined_as_a_negative(train, annotated):
+    """--skip-answer-negatives: a passage from elsewhere that holds the question's answer may support it too, so it
+    is passed over (whole words, any alias; yes/no answers never match); by default it is taken."""
+    from data_synthesis.negatives import states_answer
+    from effrag.data.records import Passage
+    from effrag.retrieval import build_retriever
+
+    assert states_answer("Laura Knight married Harold Knight in 1903.", [" harold knight "])
+    assert not states_answer("Harold Knightley painted.", [" harold knight "])  # whole words only
+    q, a = next((q, a) for q, a in annotated["musique"] if normalize_space(q.answer).lower() not in ("yes", "no"))
+    planted = Passage(id="planted", title="Elsewhere", text=f"{q.question} The answer: {q.answer}.")
+    corpus = Corpus.from_questions([q])
+    corpus = Corpus(list(corpus) + [planted])
+    retriever = build_retriever("bm25", corpus)
+    assert retriever.search([q.question], 1)[0][0].id == "planted"  # the best hit of the question
+    skipped = mine_negatives([(q, a.filters)], retriever, k=10, per_query=3, skip_answer=True)[0]
+    taken = mine_negatives([(q, a.filters)], retriever, k=10, per_query=3)[0]
+    assert "planted" not in {r["chunk_id"] for r in skipped}
+    assert "planted" in {r["chunk_id"] for r in taken if r["query"] == q.question}
 
 
 def test_context_negatives_are_the_questions_own_distractors_hardest_first(train, tmp_path, capsys):

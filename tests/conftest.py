@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,18 @@ import pytest
 from effrag.data import Corpus, load_questions, sample_files
 
 ROOT = Path(__file__).parents[1]
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """accelerate's state is a process singleton: a test (or module fixture) that trained in process must not fix
+    the next training's mixed precision ("no" on most CPUs, bf16 on a CPU with AMX: accelerate refuses the change)."""
+    yield
+    if "accelerate.state" in sys.modules:
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
 
 
 @pytest.fixture(scope="session")

@@ -65,7 +65,7 @@ configs tuned on each dataset's dev file, as produced by the project's recommend
 - `labeler/`, `filter/`: effrag checkpoints whose encoder is stored as int8 rows
   (`{COMPACT_NAME}`, labeler {mb['labeler']}, filter {mb['filter']}; see `effrag/models/compact.py`),
   dequantized to fp32 when loaded. `TRAINING.md` in each is the training run's own card.
-- `loop-<dataset>.json`: the loop options tuned on that dataset's dev file (chunk budget 7).
+- `loop-<dataset>.json`: the loop options tuned on that dataset's dev file (the recipe's chunk budget, `BUDGET`, default 10).
 - `RECIPE.md`: the recipe's card with its dev figures (fp32 weights, full dev files);
   `export.json`: the sha256 of the source weights, versions and the export command.
 

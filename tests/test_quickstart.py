@@ -51,5 +51,5 @@ def test_quickstart_evaluates_the_shipped_model(tmp_path):
     rows = run_quickstart(workdir=wd, retriever="bm25", limit=4, datasets=("musique",))
     assert not (wd / "synth").exists() and not (wd / "models").exists()  # nothing trained
     (s,) = _check_rows(rows, wd, 4)
-    assert s["dataset"] == "musique" and s["efficientrag_cap"] == 7  # the shipped loop config's chunk budget
+    assert s["dataset"] == "musique" and s["efficientrag_cap"] == 10  # the shipped loop config's chunk budget
     assert "shipped model efficientrag-all" in (wd / "comparison.md").read_text()

@@ -8,8 +8,8 @@ under another id, e.g. a differently whitespaced copy from another dataset file)
 so that a near-duplicate of the gold chunk is never taught as irrelevant. With ``skip_answer``
 (``effrag synthesize --skip-answer-negatives``) a hit that states the question's answer (any alias, as whole
 words; yes/no answers excepted) is passed over too: a passage from elsewhere that holds the answer may be another
-support for it. In the pooled train files 4.3% of the dense negatives are such hits (366 of 8,497; MuSiQue: 7% of
-its hop-2 negatives state the hop-2 answer). Off by default: its effect on the loop is not measured yet.
+support for it. In session 14's pooled train data about 4% of the dense negatives were such hits (366 of 8,497;
+MuSiQue: 7% of its hop-2 negatives state the hop-2 answer). Off by default: its effect on the loop is not measured yet.
 
 Searches are batched over many questions: one ``retriever.search`` call per batch.
 
@@ -46,12 +46,7 @@ def _title_key(title: str) -> str:
 
 def _answer_patterns(q: Question) -> list[str]:
     """The question's answers as normalised word strings (" a b "), without yes/no: what a negative must not state."""
-    out = []
-    for a in q.answers:
-        norm = " ".join(normalize_answer(a).split())
-        if norm and norm not in ("yes", "no", "noanswer"):
-            out.append(f" {norm} ")
-    return out
+    return [f" {norm} " for norm in map(normalize_answer, q.answers) if norm and norm not in ("yes", "no", "noanswer")]
 
 
 def states_answer(text: str, patterns: Sequence[str]) -> bool:

@@ -19,7 +19,9 @@
 # which the three datasets' tuning with requery_weight in both grids took 28 min (reports/efficientrag/requery).
 # Env: DATA (default ../shared/data), PROCESSES (CPU processes, default 1), BIN (default .venv/bin), LAUNCH (raw
 # `accelerate launch` arguments for GPUs, e.g. LAUNCH="--multi_gpu --num_processes 4"), BUDGET, BAR_K, NEG_PER_QUERY, CONTEXT_NEG,
-# TUNE_GRID, TUNE_GRID2, NAME (checkpoint name, default the dataset), LABELER_ARGS (Labeler-only overrides). Extra
+# TUNE_GRID, TUNE_GRID2, NAME (checkpoint name, default the dataset), LABELER_ARGS (Labeler-only overrides),
+# TUNE_ONLY=DIR (no synthesis or training: tune DIR/{labeler,filter} and write DIR/loop-<dataset>.json; how the
+# package's int8 copy was retuned: NAME=int8 TUNE_ONLY=effrag/pretrained/efficientrag-all). Extra
 # args after the dataset go to both trainings, e.g. `... all --train.epochs 2`. SmolLM2-135M Labeler (hours
 # per epoch on 2 CPU cores, minutes on a GPU): NAME=all-smollm2 LABELER_ARGS="--model.name_or_path smollm2 --train.lr 5e-5"
 set -euo pipefail
@@ -43,6 +45,9 @@ case "$ds" in
   *) echo "unknown dataset '$ds' (hotpotqa, 2wikimqa, musique or all)" >&2; exit 2 ;;
 esac
 export HF_HUB_OFFLINE=1
+name=${NAME:-$ds}
+ck=${TUNE_ONLY:-"checkpoints/efficientrag-$name"}
+if [ -z "${TUNE_ONLY:-}" ]; then
 synth="runs/synth/train_${ds}_dense_neg$NEG"
 [ "$CTX" != 0 ] && synth="${synth}_ctx$CTX"
 "$BIN/effrag" synthesize --inputs "${inputs[@]}" --output "$synth" --source annotation --retriever dense \
@@ -50,10 +55,9 @@ synth="runs/synth/train_${ds}_dense_neg$NEG"
 for d in hotpotqa 2wikimqa musique; do   # dev records: validation metrics of every run (configs' eval_files)
   "$BIN/effrag" synthesize --inputs "$DATA/$d/dev.jsonl" --output "runs/synth/dev_$d" --source annotation --quiet
 done
-name=${NAME:-$ds}
 "$BIN/python" scripts/train_models.py --name "$name" --synth "$synth" --processes "${PROCESSES:-1}" \
   ${LAUNCH:+--launch-args "$LAUNCH"} --labeler-overrides "${LABELER_ARGS:-}" -- --data.max_train_examples 100000 "$@"
-ck="checkpoints/efficientrag-$name"
+fi
 tunes=()
 for d in hotpotqa 2wikimqa musique; do  # tune on dev only; model outputs are cached across the grid
   # shellcheck disable=SC2086
@@ -67,6 +71,8 @@ for d in hotpotqa 2wikimqa musique; do  # tune on dev only; model outputs are ca
   cp "runs/tune/$name-$d/best.json" "$ck/loop-$d.json"
   tunes+=("$d=runs/tune/$name-$d")
 done
+card=(--card "$ck")
+[ -n "${TUNE_ONLY:-}" ] && card=()  # the tables go to runs/tune/<name>-report only; DIR's card stays as it is
 "$BIN/python" scripts/efficientrag_report.py --tune "${tunes[@]}" --budget "$BUDGET" \
-  --bar-k "$BAR_K" --output "runs/tune/$name-report" --card "$ck"
+  --bar-k "$BAR_K" --output "runs/tune/$name-report" ${card[@]+"${card[@]}"}
 echo "EfficientRAG model in $ck: labeler/, filter/, loop-{hotpotqa,2wikimqa,musique}.json, README.md"

@@ -12,16 +12,21 @@ from effrag.data import Corpus, load_questions, sample_files
 ROOT = Path(__file__).parents[1]
 
 
+def reset_accelerate() -> None:
+    """Accelerator state is a process singleton: every in-process run needs a clean one."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
 @pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    """accelerate's state is a process singleton: a test (or module fixture) that trained in process must not fix
-    the next training's mixed precision ("no" on most CPUs, bf16 on a CPU with AMX: accelerate refuses the change)."""
+def reset_accelerate_after_test():
+    """A test (or module fixture) that trained in process must not fix the next training's mixed precision ("no"
+    on most CPUs, bf16 on a CPU with AMX: accelerate refuses the change)."""
     yield
     if "accelerate.state" in sys.modules:
-        from accelerate.state import AcceleratorState, GradientState
-
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+        reset_accelerate()
 
 
 @pytest.fixture(scope="session")

@@ -21,17 +21,10 @@ from test_models import copy_records, filter_records, make_base  # noqa: E402
 from effrag.models import FilterModel, LabelerModel, load_model  # noqa: E402
 from effrag.training import ConfigError, evaluate_only, load_config, train  # noqa: E402
 from effrag.training.data import RecordError, check_labeler_record, read_jsonl  # noqa: E402
+from conftest import reset_accelerate  # noqa: E402,F401  (test_reader and test_hf_datasets import it from here)
 
 REPO = Path(__file__).resolve().parents[1]
 ACCELERATE = str(Path(sys.executable).parent / "accelerate")
-
-
-def reset_accelerate() -> None:
-    """Accelerator state is a process singleton: every in-process run needs a clean one."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 @pytest.fixture(autouse=True)

@@ -23,9 +23,20 @@ from .evaluation.metrics import recall
 from .pipelines.efficientrag import EfficientRAGConfig
 from .pipelines.result import Result
 
-_TYPES = {"int": int, "float": float, "str": str, "int | None": int, "float | None": float}
-GRID_TYPES: dict[str, type] = {f.name: _TYPES[str(f.type)] for f in fields(EfficientRAGConfig)
-                               if str(f.type) in _TYPES and f.name not in ("batch_size",)}
+def _bool(v: str) -> bool:
+    if v.lower() not in ("true", "false"):
+        raise ValueError(f"expected true or false, got {v!r}")
+    return v.lower() == "true"
+
+
+def _or_none(typ: type):
+    return lambda v: None if v.lower() == "none" else typ(v)
+
+
+_TYPES = {"int": int, "float": float, "str": str, "int | None": _or_none(int), "float | None": _or_none(float),
+          "bool": _bool}
+GRID_TYPES: dict[str, Any] = {f.name: _TYPES[str(f.type)] for f in fields(EfficientRAGConfig)
+                              if str(f.type) in _TYPES and f.name not in ("batch_size",)}
 
 
 class CachedRetriever:
@@ -58,8 +69,22 @@ class CachedModel:
         return [self.cache[k] for k in keys]
 
 
+def model_fingerprint(path: str | Path) -> str | None:
+    """Short hash of a checkpoint's recorded file hashes (``effrag_config.json`` ``files``): part of a tuning
+    folder's setup, so that a model retrained at the same path never resumes the old model's rows."""
+    import hashlib
+    import json
+
+    try:
+        files = json.loads((Path(path) / "effrag_config.json").read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return hashlib.sha1(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16] if files else None
+
+
 def parse_grid(items: Sequence[str]) -> list[dict[str, Any]]:
-    """``["hop_k=5,10", "pool_source=seen"]`` -> every combination as a dict of config changes."""
+    """``["hop_k=5,10", "pool_source=seen"]`` -> every combination as a dict of config changes. An optional
+    option takes ``none`` (``query_chunks=1,none``); a flag takes ``true``/``false``."""
     axes: dict[str, list] = {}
     for item in items:
         name, sep, values = item.partition("=")

@@ -49,7 +49,7 @@ def main(argv=None) -> int:
 
     from effrag.experiment import RunSetup, method_options
     from effrag.pipelines import build_pipeline
-    from effrag.tuning import parse_grid, run_grid
+    from effrag.tuning import model_fingerprint, parse_grid, run_grid
 
     try:
         grid = parse_grid(args.grid)
@@ -60,7 +60,8 @@ def main(argv=None) -> int:
     loop = build_pipeline("efficientrag", run.retriever, **method_options(args)).loop
     setup = {"questions": run.sources["questions"], "n": len(run.questions), "seed": args.seed,
              "retriever": getattr(run.retriever, "kind", None), "corpus_fingerprint": run.corpus.fingerprint(),
-             "labeler": str(args.labeler), "filter": str(args.filter), "base_config": loop.config.to_json()}
+             "labeler": str(args.labeler), "filter": str(args.filter), "base_config": loop.config.to_json(),
+             "model_files": {"labeler": model_fingerprint(args.labeler), "filter": model_fingerprint(args.filter)}}
     result = run_grid(loop, run.texts, run.gold, grid, args.output, setup, grid_spec=args.grid,
                       chunk_budget=args.chunk_budget, batch_size=args.batch_size, curve_max=args.curve_max)
     print(result["table"])

@@ -54,10 +54,13 @@ class _State:
     iterations: int = 0
     # requery_weight: each hop >= 1 query's hits ({chunk id: score}) and their lowest score
     requeries: list[tuple[dict[str, float], float]] = field(default_factory=list)
+    # relabel_weight: each chunk's best p(<Continue>) under a hop >= 1 query
+    relabels: dict[str, float] = field(default_factory=dict)
     # scratch of the current hop
     entry: dict[str, Any] = field(default_factory=dict)
     cont: list[Chunk] = field(default_factory=list)
     n_pairs: int = 0
+    n_relabel: int = 0
     n_jobs: int = 0
 
 
@@ -112,7 +115,7 @@ class EfficientRAGLoop:
         the Labeler says (``max_candidates`` pool chunks already outrank its best possible score)."""
         cfg = self.config
         if (cfg.max_candidates is None or cfg.pool_source != "continue" or len(s.pool) < cfg.max_candidates
-                or cfg.requery_weight):  # later queries' scores are not known yet: nothing is exact to prune
+                or cfg.requery_weight or cfg.relabel_weight):  # later queries' scores are not known yet: nothing is exact to prune
             return False
         if cfg.pool_order == "hop":  # every pool chunk is from an earlier hop
             return True
@@ -160,7 +163,7 @@ class EfficientRAGLoop:
         for s in active:
             s.entry = {"hop": hop, "queries": list(s.queries), "retrieved": [], "skipped_seen": 0,
                        "chunks": [], "filter_inputs": [], "next_queries": []}
-            s.cont, s.n_pairs, s.n_jobs = [], 0, 0
+            s.cont, s.n_pairs, s.n_relabel, s.n_jobs = [], 0, 0, 0
         # 1. retrieval: every query of every active question, one retriever call per distinct k
         reqs = [(s, qi) for s in active for qi in range(len(s.queries))]
         t0 = time.perf_counter()
@@ -191,13 +194,23 @@ class EfficientRAGLoop:
             pairs += [(s, qi, h) for h in new]
             s.n_pairs += len(new)
             s.entry["retrieved"].append([h.id for h in new])
-        # 3. the Labeler reads all pairs of the hop in one call
-        cwords = self._chunk_words([h for _, _, h in pairs])
+        # 3. the Labeler reads all pairs of the hop in one call (with relabel_weight, also every earlier chunk
+        #    under this hop's queries: pool order only)
+        relabel = [(s, qi, c) for s in active for qi in range(len(s.queries)) for c in s.pool + s.rejected
+                   ] if hop and cfg.relabel_weight else []
+        for s, _, _ in relabel:
+            s.n_relabel += 1
+        items = pairs + relabel
+        cwords = self._chunk_words([h for _, _, h in items])
         t0 = time.perf_counter()
-        preds = self._lab.predict([s.queries[qi] for s, qi, _ in pairs], cwords, batch_size=cfg.batch_size,
-                                     max_length=cfg.labeler_max_length, bf16=cfg.bf16) if pairs else []
+        preds = self._lab.predict([s.queries[qi] for s, qi, _ in items], cwords, batch_size=cfg.batch_size,
+                                     max_length=cfg.labeler_max_length, bf16=cfg.bf16) if items else []
         t_lab = time.perf_counter() - t0
+        for (s, _, c), (p, _) in zip(relabel, preds[len(pairs):]):
+            s.relabels[c.id] = max(float(p), s.relabels.get(c.id, 0.0))
         for (s, qi, h), ws, (p, probs) in zip(pairs, cwords, preds):
+            if hop and cfg.relabel_weight:
+                s.relabels[h.id] = max(float(p), s.relabels.get(h.id, 0.0))
             go = p >= cfg.tag_threshold
             kept = [w for w, pr in zip(ws, probs) if pr >= cfg.token_threshold] if go else []
             c = Chunk(id=h.id, title=h.title, text=h.text, score=float(p), hop=hop, kept_words=kept,
@@ -215,7 +228,7 @@ class EfficientRAGLoop:
                 continue
             conts = sorted(s.cont, key=lambda c: -c.score)
             if cfg.query_mode == "merged":  # one query per hop: the hop's query + every kept block
-                jobs += [(s, s.queries[0], [c.kept_words for c in conts])] if conts else []
+                jobs += [(s, s.queries[0], [c.kept_words for c in conts[: cfg.query_chunks]])] if conts else []
             else:  # one query per <Continue> chunk, most confident first
                 jobs += [(s, c.query, [c.kept_words]) for c in conts[: cfg.max_branches]]
         finputs = [filter_input_words(base, kept) for _, base, kept in jobs]
@@ -242,7 +255,7 @@ class EfficientRAGLoop:
             elif full(s):
                 s.entry["stop"] = "pool_full"
             s.timing["retrieval"] += t_ret * len(s.queries) / len(reqs)
-            s.timing["labeler"] += t_lab * s.n_pairs / max(1, len(pairs))
+            s.timing["labeler"] += t_lab * (s.n_pairs + s.n_relabel) / max(1, len(items))
             s.timing["filter"] += t_fil * s.n_jobs / max(1, len(jobs))
             s.timing["other"] += t_rest / len(active)
             s.trace.append(s.entry)
@@ -254,7 +267,9 @@ class EfficientRAGLoop:
         requery = _requery_scores(s, s.pool + s.rejected)  # empty unless requery_weight recorded later queries
         if cfg.pool_order in ("fused", "fused_logit"):
             own = (lambda c: c.score) if cfg.pool_order == "fused" else (lambda c: _logit(c.score))
-            later = lambda c: cfg.requery_weight * requery.get(c.id, 0.0)  # noqa: E731
+            relabeled = lambda c: cfg.relabel_weight * own(replace(c, score=s.relabels[c.id]))  # noqa: E731
+            later = lambda c: (cfg.requery_weight * requery.get(c.id, 0.0)  # noqa: E731
+                               + (relabeled(c) if c.id in s.relabels else 0.0))
             pool_key = extra_key = lambda c: (-(own(c) + cfg.retrieval_weight * c.retrieval_score + later(c)), c.hop)
         else:
             pool_key, extra_key = (lambda c: (c.hop, -c.score)), (lambda c: (-c.score, c.hop))
@@ -270,6 +285,8 @@ class EfficientRAGLoop:
         timing = {k: s.timing.get(k, 0.0) for k in ("retrieval", "labeler", "filter", "other")}
         timing["total"] = sum(timing.values())
         extra = {"requery_scores": {c.id: requery[c.id] for c in pool if c.id in requery}} if cfg.requery_weight else {}
+        if cfg.relabel_weight:
+            extra["relabel_scores"] = {c.id: s.relabels[c.id] for c in pool if c.id in s.relabels}
         return Result(question=s.question, chunks=pool, trace=s.trace, iterations=s.iterations, timing=timing,
                       extra=extra)
 
@@ -331,6 +348,10 @@ _FLAGS = {  # effrag eval flag -> (type, help); dest = config field (except --er
     "--retrieval-weight": (float, "pool-order fused: weight of the retriever's score (default 1.0)"),
     "--requery-weight": (float, "pool-order fused: weight of a chunk's best score under the later hops' queries "
                          "(default 0: off)"),
+    "--relabel-weight": (float, "pool-order fused: weight of a chunk's best p(<Continue>) when the Labeler rereads "
+                         "it under a later hop's query (default 0: off)"),
+    "--query-chunks": (int, "merged queries: <Continue> chunks (most confident first) whose kept words feed the "
+                       "next query (default: all)"),
     "--er-batch-size": (int, "Labeler/Filter forward batch size (default 32)"),
     "--labeler-max-length": (int, "Labeler input length in sub-tokens (default: the trained length)"),
     "--stop-at-pool": (int, "end a question's loop once its pool holds this many <Continue> chunks (default: off)"),

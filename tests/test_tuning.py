@@ -1,12 +1,14 @@
 """Loop tuning (effrag.tuning): grid parsing, cached model calls, scores, caps within a chunk budget."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from effrag.pipelines.result import Chunk, Result
 from effrag.retrieval.base import Hit
 from effrag.tuning import (CachedModel, CachedRetriever, best_per_budget, best_within, candidates, direct_r_curve,
-                           parse_grid, score_results)
+                           model_fingerprint, parse_grid, score_results)
 
 
 def test_parse_grid_products_and_types():
@@ -14,8 +16,11 @@ def test_parse_grid_products_and_types():
     assert len(grid) == 4
     assert grid[0] == {"hop_k": 5, "pool_source": "seen", "retrieval_weight": 0.5}
     assert {g["hop_k"] for g in grid} == {5, 10} and all(isinstance(g["hop_k"], int) for g in grid)
+    assert parse_grid(["query_chunks=1,none", "int8=true,False"]) == [
+        {"query_chunks": 1, "int8": True}, {"query_chunks": 1, "int8": False},
+        {"query_chunks": None, "int8": True}, {"query_chunks": None, "int8": False}]
     for bad, msg in (("hopk=5", "expected NAME"), ("hop_k=five", "bad value"), ("hop_k=", "no values"),
-                     ("batch_size=8", "expected NAME")):
+                     ("batch_size=8", "expected NAME"), ("hop_k=none", "bad value"), ("int8=yes", "bad value")):
         with pytest.raises(ValueError, match=msg):
             parse_grid([bad])
 
@@ -178,3 +183,45 @@ def test_probe_pool_ranking_compares_orders_within_the_seen_ceiling(tiny_efficie
     assert "| learned (CV) |" in (out / "report.md").read_text()
     with pytest.raises(SystemExit):
         probe.main(args[:-4] + ["--folds", "1", "--output", str(out)])
+
+
+def test_model_fingerprint_follows_the_weights_not_the_path(tiny_efficientrag_dirs, tmp_path):
+    import torch
+
+    from effrag.models import LabelerModel
+
+    path = tiny_efficientrag_dirs["labeler"]
+    first = model_fingerprint(path)
+    assert first and first == model_fingerprint(path)
+    lab = LabelerModel.from_pretrained(path)
+    lab.save_pretrained(tmp_path / "same")
+    assert model_fingerprint(tmp_path / "same") == first  # same weights elsewhere: same fingerprint
+    with torch.no_grad():
+        lab.chunk_head.proj.bias.add_(1.0)
+    lab.save_pretrained(tmp_path / "same")  # retrained in place: a tuning folder must not resume its rows
+    assert model_fingerprint(tmp_path / "same") not in (None, first)
+    assert model_fingerprint(tmp_path / "missing") is None
+
+
+def test_summarize_tuning_groups_rows_and_takes_each_budgets_best(load_script, tmp_path, capsys):
+    summarize = load_script("summarize_tuning")
+    rows = [{"config": {"query_chunks": 1, "token_threshold": 0.2}, "seen_recall": 0.8, "avg_seen": 25.0,
+             "curve": [[7, 0.60, 7], [10, 0.70, 10]]},
+            {"config": {"query_chunks": 1, "token_threshold": 0.3}, "seen_recall": 0.9, "avg_seen": 24.0,
+             "curve": [[7, 0.65, 7], [10, 0.68, 10]]},
+            {"config": {"token_threshold": 0.3}, "seen_recall": 0.7, "avg_seen": 20.0,
+             "curve": [[7, 0.50, 7], [10, 0.55, 10]]}]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert summarize.main([str(tmp_path), "--by", "query_chunks"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # query_chunks=1: the best at 7 and at 10 come from different rows; the seen figures from the best at 10
+    assert lines[2] == "| 1 | 65.00 | 70.00 | 80.00 | 25.0 | 2 |"
+    assert lines[3] == "| default | 50.00 | 55.00 | 70.00 | 20.0 | 1 |"
+    assert summarize.main([str(tmp_path), "--by", "token_threshold", "--where", "query_chunks=1",
+                           "--budgets", "10"]) == 0
+    assert capsys.readouterr().out.splitlines()[2:] == ["| 0.2 | 70.00 | 80.00 | 25.0 | 1 |",
+                                                        "| 0.3 | 68.00 | 90.00 | 24.0 | 1 |"]
+    (tmp_path / "results.jsonl").write_text("{not json\n")
+    with pytest.raises(SystemExit):
+        summarize.main([str(tmp_path), "--by", "query_chunks"])
+    assert "results.jsonl:1: not JSON" in capsys.readouterr().err

@@ -132,6 +132,50 @@ def run_irrr_data(args) -> dict:
     return stats
 
 
+def add_filter_data_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("filter-data", help="Filter training records on a trained Labeler's own kept words",
+                              description="``effrag filter-data``: exposure augmentation of the Filter's training "
+                                          "data (data_synthesis/filter_exposure.py).")
+    p.add_argument("--synth", required=True, metavar="DIR", help="`effrag synthesize` output (labeler/filter.jsonl)")
+    p.add_argument("--labeler", required=True, metavar="DIR", help="the trained Labeler checkpoint")
+    p.add_argument("--output", required=True, metavar="DIR", type=output_dir,
+                   help="writes DIR/filter.jsonl (the original records, then the new ones) and DIR/filter_data.json")
+    p.add_argument("--token-threshold", type=float, default=0.2,
+                   help="keep probability of a chunk word, as the loop's token_threshold (default 0.2)")
+    p.add_argument("--batch-size", type=positive_int, default=64)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_filter_data)
+    return p
+
+
+def run_filter_data(args) -> dict:
+    """Handler of ``effrag filter-data``; a finished output with the same settings is reused."""
+    from effrag.models import load_model
+
+    from .filter_exposure import write_exposed_filter_data
+
+    if not 0.0 < args.token_threshold < 1.0:
+        raise ValueError(f"--token-threshold must be in (0, 1), got {args.token_threshold}")
+    for name in ("labeler.jsonl", "filter.jsonl"):
+        if not (Path(args.synth) / name).is_file():
+            raise FileNotFoundError(f"{Path(args.synth) / name} not found (an `effrag synthesize` output folder is needed)")
+    done = Path(args.output) / "filter_data.json"
+    settings = {"synth": str(args.synth), "labeler": str(args.labeler), "token_threshold": args.token_threshold}
+    if done.is_file() and (Path(args.output) / "filter.jsonl").is_file():
+        info = json.loads(done.read_text())
+        if {k: info.get(k) for k in settings} == settings:
+            if not args.quiet:
+                print(f"{args.output}: done ({info['exposed_records']} new records), reused")
+            return info
+    labeler = load_model(args.labeler).eval()
+    info = write_exposed_filter_data(args.synth, labeler, args.output, args.token_threshold,
+                                     batch_size=args.batch_size, show_progress=not args.quiet,
+                                     provenance={"labeler": str(args.labeler)})
+    if not args.quiet:
+        print(json.dumps(info, indent=2))
+    return info
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m data_synthesis.cli ...`` is ``effrag synthesize ...`` (same parser, errors and exit codes)."""
     from effrag.cli import main as effrag_main

@@ -30,6 +30,7 @@ SUBCOMMANDS: list[str] = [
     "effrag.quickstart:add_quickstart_parser",
     "effrag.serve:add_serve_parser",
     "data_synthesis.cli:add_irrr_data_parser",
+    "data_synthesis.cli:add_filter_data_parser",
 ]
 EXIT_USAGE = 2
 

@@ -15,8 +15,9 @@
 #    dev files are synthesised too (validation during training).
 # 2. Labeler and Filter training with configs/{labeler,filter}.yaml on every synthesised record.
 # 3. scripts/tune_efficientrag.py on each dev file (grid TUNE_GRID), scripts/efficientrag_report.py for the card.
-# Every stage resumes; finished stages are reused. ~70-80 min on 2 CPU cores (fp32: this CPU class has no fast bf16), of
-# which the three datasets' tuning with requery_weight in both grids took 28 min (reports/efficientrag/requery).
+# Every stage resumes; finished stages are reused. About 60-70 min on 2 CPU cores with bf16 (AMX): synthesis 3, Labeler
+# 19.5, Filter 1.5 (reports/efficientrag/labeler-2ep), tuning the three dev files with both grids 34 min while a second
+# tuning shared the cores (reports/efficientrag/next-query).
 # Env: DATA (default ../shared/data), PROCESSES (CPU processes, default 1), BIN (default .venv/bin), LAUNCH (raw
 # `accelerate launch` arguments for GPUs, e.g. LAUNCH="--multi_gpu --num_processes 4"), BUDGET, BAR_K, NEG_PER_QUERY, CONTEXT_NEG,
 # TUNE_GRID, TUNE_GRID2, NAME (checkpoint name, default the dataset), LABELER_ARGS (Labeler-only overrides),
@@ -34,8 +35,11 @@ BUDGET=${BUDGET:-10}
 BAR_K=${BAR_K:-20}
 NEG=${NEG_PER_QUERY:-3}
 CTX=${CONTEXT_NEG:-0}
-TUNE_GRID=${TUNE_GRID:-"first_hop_k=20 hop_k=5 tag_threshold=0.8 token_threshold=0.3,0.5 max_hops=3 pool_source=seen pool_order=fused,fused_logit retrieval_weight=2,4,8,16,32,64 requery_weight=0,4,8,16,32,64"}
-# requery_weight: the later hops' queries re-score every chunk read (no extra model call; tuned after the loop)
+TUNE_GRID=${TUNE_GRID:-"first_hop_k=20 hop_k=5 tag_threshold=0.8 token_threshold=0.2,0.3 query_chunks=1,none filter_threshold=0.1,0.2,0.5 max_hops=3 pool_source=seen pool_order=fused_logit retrieval_weight=8,16,32,64 requery_weight=0,8,16,32"}
+# requery_weight: the later hops' queries re-score every chunk read (no extra model call; tuned after the loop).
+# query_chunks=1 (only the most confident <Continue> chunk's kept words feed the next query) and a lower
+# filter_threshold (the Filter keeps more words) give richer, less diluted next queries: MuSiQue dev +2 to +3
+# points at 10 chunks (reports/efficientrag/next-query)
 # a second family: the session-3 loop (<Continue> pool topped up to 10 with the likeliest <Terminate> chunks,
 # fused order), which the budget then cuts; the tuner keeps whichever family is best on each dev file
 TUNE_GRID2=${TUNE_GRID2:-"hop_k=10 max_hops=4 tag_threshold=0.9 token_threshold=0.3 pool_source=continue pool_order=fused retrieval_weight=2,4,8 requery_weight=0,4,8,16 min_candidates=10 max_candidates=10"}

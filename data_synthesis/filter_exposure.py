@@ -36,13 +36,13 @@ from .align import is_content, key_matches, normalize_chars, word_key
 Predict = Callable[[list[str], list[list[str]]], list[tuple[float, list[float]]]]
 
 
-def split_filter_words(ws: Sequence[str]) -> tuple[list[str], list[list[str]]]:
-    """``"<query> Info: <block> Info: <block>"`` words -> (query words, blocks)."""
+def split_filter_words(ws: Sequence[str], values: Sequence | None = None) -> tuple[list, list[list]]:
+    """``"<query> Info: <block> Info: <block>"`` words -> (query words, blocks); with ``values`` (one per word,
+    e.g. the labels), those values split at the same places."""
+    vals = ws if values is None else values
     marks = [i for i in range(len(ws) - 1) if list(ws[i:i + 2]) == INFO]
-    if not marks:
-        return list(ws), []
     bounds = marks + [len(ws)]
-    return list(ws[:marks[0]]), [list(ws[a + 2:b]) for a, b in zip(bounds, bounds[1:])]
+    return list(vals[:bounds[0]]), [list(vals[a + 2:b]) for a, b in zip(bounds, bounds[1:])]
 
 
 def _key(w: str) -> str:
@@ -86,7 +86,7 @@ def exposed_filter_records(labeler_records: Iterable[dict], filter_records: Iter
         if not blocks:
             counts["no_info"] += 1
             continue
-        lab_blocks = _blocks_like(rec["labels"], rec["words"])
+        _, lab_blocks = split_filter_words(rec["words"], rec["labels"])
         cands = by_key.get((rec["qid"], rec["hop"], tuple(query)), [])
         sources = []
         for block in blocks:
@@ -119,13 +119,6 @@ def exposed_filter_records(labeler_records: Iterable[dict], filter_records: Iter
                     "source": f"{rec.get('source', 'annotation')}+labeler", "words": src, "labels": labels,
                     "target": join_words([w for w, lab in zip(src, labels) if lab])})
     return out, counts
-
-
-def _blocks_like(labels: Sequence[int], ws: Sequence[str]) -> list[list[int]]:
-    """The labels of each Info block of ``ws``."""
-    marks = [i for i in range(len(ws) - 1) if list(ws[i:i + 2]) == INFO]
-    bounds = marks + [len(ws)]
-    return [list(labels[a + 2:b]) for a, b in zip(bounds, bounds[1:])]
 
 
 def write_exposed_filter_data(synth: str | Path, labeler, output: str | Path, token_threshold: float,

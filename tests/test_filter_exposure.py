@@ -53,6 +53,9 @@ def records():
 def test_split_and_relabel_mark_every_occurrence_of_the_oracle_words():
     q, blocks = split_filter_words(filter_input_words("Who founded it ?", [["Orion", "Pictures"], ["x"]]))
     assert q == ["Who", "founded", "it", "?"] and blocks == [["Orion", "Pictures"], ["x"]]
+    ws = filter_input_words("Who founded it ?", [["Orion", "Pictures"], ["x"]])
+    assert split_filter_words(ws, list(range(len(ws)))) == ([0, 1, 2, 3], [[6, 7], [10]])  # values split alike
+    assert split_filter_words(["no", "info"]) == (["no", "info"], [])
     src, labels = relabel_info([1, 1, 0, 0], [["Orion", "Pictures", "film"]], [[1, 1, 0]], q,
                                [["UHF", "Orion", "Pictures", "distributed", "Orion", "of", "Pictures", "."]])
     assert src == q + ["Info", ":", "UHF", "Orion", "Pictures", "distributed", "Orion", "of", "Pictures", "."]

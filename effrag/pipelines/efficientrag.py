@@ -115,7 +115,7 @@ class EfficientRAGLoop:
         the Labeler says (``max_candidates`` pool chunks already outrank its best possible score)."""
         cfg = self.config
         if (cfg.max_candidates is None or cfg.pool_source != "continue" or len(s.pool) < cfg.max_candidates
-                or cfg.requery_weight or cfg.relabel_weight):  # later queries' scores are not known yet: nothing is exact to prune
+                or cfg.requery_weight or cfg.relabel_weight):  # later queries' scores unknown: nothing exact to prune
             return False
         if cfg.pool_order == "hop":  # every pool chunk is from an earlier hop
             return True
@@ -266,11 +266,11 @@ class EfficientRAGLoop:
         cfg = self.config
         requery = _requery_scores(s, s.pool + s.rejected)  # empty unless requery_weight recorded later queries
         if cfg.pool_order in ("fused", "fused_logit"):
-            own = (lambda c: c.score) if cfg.pool_order == "fused" else (lambda c: _logit(c.score))
-            relabeled = lambda c: cfg.relabel_weight * own(replace(c, score=s.relabels[c.id]))  # noqa: E731
+            conf = (lambda p: p) if cfg.pool_order == "fused" else _logit  # how a p(<Continue>) enters the sum
             later = lambda c: (cfg.requery_weight * requery.get(c.id, 0.0)  # noqa: E731
-                               + (relabeled(c) if c.id in s.relabels else 0.0))
-            pool_key = extra_key = lambda c: (-(own(c) + cfg.retrieval_weight * c.retrieval_score + later(c)), c.hop)
+                               + (cfg.relabel_weight * conf(s.relabels[c.id]) if c.id in s.relabels else 0.0))
+            pool_key = extra_key = lambda c: (-(conf(c.score) + cfg.retrieval_weight * c.retrieval_score + later(c)),
+                                              c.hop)
         else:
             pool_key, extra_key = (lambda c: (c.hop, -c.score)), (lambda c: (-c.score, c.hop))
         if cfg.pool_source == "seen":  # one ranking of every labeled chunk; rejected ones flagged

@@ -121,6 +121,31 @@ def exposed_filter_records(labeler_records: Iterable[dict], filter_records: Iter
     return out, counts
 
 
+FILTER_KEYS = ("qid", "hop", "words", "labels")
+LABELER_KEYS = ("qid", "hop", "query", "chunk_words", "labels", "tag")
+
+
+def _checked(path: Path, keys: Sequence[str]) -> list[dict]:
+    """The records of a synthesised JSONL file; one without a needed field, or whose words and labels differ
+    in length, is an error naming the file and line."""
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: invalid JSON line: {e.msg}") from None
+        missing = [k for k in keys if not isinstance(rec, dict) or k not in rec]
+        if missing:
+            raise ValueError(f"{path}:{n}: record has no {', '.join(missing)} (an `effrag synthesize` record is needed)")
+        ws = rec["words"] if "words" in rec else rec["chunk_words"]
+        if len(ws) != len(rec["labels"]):
+            raise ValueError(f"{path}:{n}: {len(ws)} words but {len(rec['labels'])} labels")
+        rows.append(rec)
+    return rows
+
+
 def write_exposed_filter_data(synth: str | Path, labeler, output: str | Path, token_threshold: float,
                               batch_size: int = 64, show_progress: bool = True,
                               provenance: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -128,22 +153,20 @@ def write_exposed_filter_data(synth: str | Path, labeler, output: str | Path, to
     then the exposed ones) and ``output``/filter_data.json (counts and provenance)."""
     from tqdm.auto import tqdm
 
-    from effrag.jsonl import read_jsonl
-
     synth, out = Path(synth), Path(output)
     for name in ("labeler.jsonl", "filter.jsonl"):
         if not (synth / name).is_file():
             raise FileNotFoundError(f"{synth / name} not found (an `effrag synthesize` output folder is needed)")
-    original = list(read_jsonl(synth / "filter.jsonl"))
+    original = _checked(synth / "filter.jsonl", FILTER_KEYS)
     if not original:
         raise ValueError(f"{synth / 'filter.jsonl'} has no records")
+    labeler_records = _checked(synth / "labeler.jsonl", LABELER_KEYS)
 
     def predict(queries, chunk_words):
         return labeler.predict(queries, chunk_words, batch_size=batch_size)
 
     bar = (lambda it: tqdm(list(it), desc="labeler", unit="batch")) if show_progress else (lambda it: it)
-    new, counts = exposed_filter_records(read_jsonl(synth / "labeler.jsonl"), original, predict, token_threshold,
-                                         batch_size, bar)
+    new, counts = exposed_filter_records(labeler_records, original, predict, token_threshold, batch_size, bar)
     if not new:
         raise ValueError(f"no Filter record of {synth} could be matched to its Labeler records")
     out.mkdir(parents=True, exist_ok=True)

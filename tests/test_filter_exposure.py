@@ -100,3 +100,6 @@ def test_filter_data_cli_writes_the_original_and_new_records_and_reuses_a_finish
     (synth / "filter.jsonl").write_text("")
     assert main([*argv[:5], "--output", str(tmp_path / "empty"), "--quiet"]) == 2
     assert "has no records" in capsys.readouterr().err
+    (synth / "filter.jsonl").write_text(json.dumps(filt[0]) + "\n\n" + json.dumps({"qid": "q2"}) + "\n")
+    assert main([*argv[:5], "--output", str(tmp_path / "bad"), "--quiet"]) == 2  # named by file and line
+    assert "filter.jsonl:3: record has no hop, words, labels" in capsys.readouterr().err

@@ -128,14 +128,10 @@ LABELER_KEYS = ("qid", "hop", "query", "chunk_words", "labels", "tag")
 def _checked(path: Path, keys: Sequence[str]) -> list[dict]:
     """The records of a synthesised JSONL file; one without a needed field, or whose words and labels differ
     in length, is an error naming the file and line."""
+    from effrag.jsonl import numbered_jsonl
+
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: invalid JSON line: {e.msg}") from None
+    for n, rec in numbered_jsonl(path):
         missing = [k for k in keys if not isinstance(rec, dict) or k not in rec]
         if missing:
             raise ValueError(f"{path}:{n}: record has no {', '.join(missing)} (an `effrag synthesize` record is needed)")

@@ -42,6 +42,12 @@ def item_key(dataset: str, qid: str) -> str:
 
 def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
     """Records of a JSONL file; a bad line raises ValueError naming file and line."""
+    return (rec for _, rec in numbered_jsonl(path))
+
+
+def numbered_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """``(line number, record)`` of a JSONL file, blank lines skipped: for callers whose own checks of a
+    record must name its line too. A line that is not JSON raises ValueError naming file and line."""
     path = Path(path)
     if not path.exists():
         return
@@ -50,7 +56,7 @@ def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)
+                yield n, json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{n}: invalid JSON line: {e.msg}") from None
 

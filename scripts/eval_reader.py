@@ -104,12 +104,13 @@ def main(argv=None) -> int:
     cols = ["dataset", "questions", "n"] + [f"{m} {k}" for m in args.modes for k in ("EM", "F1")]
     command = "python scripts/eval_reader.py " + " ".join(argv if argv is not None else sys.argv[1:])
     files_note = ", ".join(f"{ds}: {r['n']} questions, {r['rule']} rule" for ds, r in results.items())
-    md = (f"# Oracle reading: the reader given the gold passages\n\nReader `{args.reader}`; each dataset's dev "
-          f"file ({files_note}). "
+    decoding = ", ".join(f"{k} {v:g}" for k, v in reader.decoding().items())
+    md = (f"# Oracle reading: the reader given the gold passages\n\nReader `{args.reader}` (span decoding: "
+          f"{decoding}; `scripts/tune_reader.py`); each dataset's dev file ({files_note}). "
           "`together`: the gold passages packed into windows of the reader's length, the most confident window "
           "answers; `each`: every passage read alone, the most confident answers. EM/F1 in %.\n\n"
           + md_table(cols, table) + f"\n\nCommand: `{command}`\n")
-    write_report(args.output, md, {"results": results}, args=args, argv=argv, prog="python scripts/eval_reader.py",
+    write_report(args.output, md, {"results": results, "decoding": reader.decoding()}, args=args, argv=argv, prog="python scripts/eval_reader.py",
                  files=files, json_name="results.json")
     print(md)
     return 0

@@ -54,6 +54,7 @@ class ModelSpec(NamedTuple):
     unit: str = "records"  # what one training example is
     usage: str = ""  # how to use the installed model, beyond load_model ({path} is its folder)
     paper_config: bool = False  # has configs/<model>_paper.yaml
+    after_install: tuple = ()  # a script run on the installed folder ({path}, {data}: --data), e.g. tuning
 
 
 MODELS = {
@@ -82,10 +83,14 @@ MODELS = {
         "records); span_exact: best span is the answer (span records); answerable_accuracy: f > 1.5 exactly when "
         "the context answers. QA from gold passages (oracle reading): `python scripts/eval_reader.py`",
         data_note="`write_reader_data`: SQuAD-style spans in gold paragraphs, sub-questions and evidence triples, "
-        "the full question over its gold paragraphs read together (span or yes/no); gold paragraphs without the "
-        "answer, 1 distractor per question and distractors read together as no-answer",
+        "the full question over its gold paragraphs read together (span or yes/no; three shuffles, with 1, 0 and 3 "
+        "distractors); gold paragraphs without the answer, 1 distractor per question and distractors read together "
+        "as no-answer",
         usage="any method answers with it: `effrag eval --method direct-r --reader {path} ...`; SearChain verifies "
-        "with it (`--method searchain --reader {path}`)"),
+        "with it (`--method searchain --reader {path}`)",
+        # span decoding (question-echo and length penalties) tuned on the dev files' oracle reading
+        after_install=("scripts/tune_reader.py", "--reader", "{path}", "--data", "{data}", "--write",
+                       "--output", "{path}/decoding")),
 }
 
 
@@ -176,14 +181,15 @@ def command_line(cmd: list[str], nice: bool = True) -> str:
 
 # -- model card ------------------------------------------------------------------------------------
 def model_card(name: str, role: str, out_dir: Path, command: list[str], wall: float | None,
-               data_commands: list[str] = (), recipe: str | None = None) -> str:
+               data_commands: list[str] = (), recipe: str | None = None, installed: str = "best") -> str:
     spec = MODELS[role]
     where = "checkpoints/" + spec.checkpoint.format(name=name)
     cfg = yaml.safe_load((out_dir / "config.yaml").read_text())
     info = json.loads((out_dir / "run_info.json").read_text())
     res = json.loads((out_dir / "results.json").read_text())
-    best = json.loads((out_dir / "best" / "metrics.json").read_text())
+    best = json.loads((out_dir / installed / "metrics.json").read_text())
     keys = spec.metric_keys
+    note = spec.metrics_note if installed == "best" else spec.metrics_note.replace("best checkpoint", "last checkpoint", 1)
     groups = sorted({k.split("/")[0] for k in best if "/" in k})
     rows = [("all", best)] + [(g, {k.split("/", 1)[1]: v for k, v in best.items() if k.startswith(g + "/")}) for g in groups]
     table = ["| eval set | n | " + " | ".join(keys) + " |", "|---" * (len(keys) + 2) + "|"]
@@ -198,6 +204,8 @@ def model_card(name: str, role: str, out_dir: Path, command: list[str], wall: fl
     data += [f"- sha256 `{f}`: {h[:16]}…" for f, h in info["data_sha256"].items()]
     usage = f"; {spec.usage.format(path=where)}" if spec.usage else ""
     commands = [*data_commands, command_line(command)]
+    if spec.after_install:
+        commands.append(command_line(["python", *after_install_command(spec, where, "../shared/data")], nice=False))
     return "\n".join([
         f"# {where.removeprefix('checkpoints/').replace('/', ' / ')}",
         "",
@@ -206,7 +214,8 @@ def model_card(name: str, role: str, out_dir: Path, command: list[str], wall: fl
         "",
         "## Data", *data, "",
         "## Training",
-        f"- steps: {res['global_step']} (best at step {res['best_step']} by {res['metric_for_best']}), "
+        f"- steps: {res['global_step']} (best at step {res['best_step']} by {res['metric_for_best']}; installed: "
+        f"{'that best checkpoint' if installed == 'best' else 'the last, step ' + str(res['global_step'])}), "
         f"processes: {res['num_processes']}, mixed precision: {info['mixed_precision']}",
         f"- lr {t['lr']}, batch {t['batch_size']} x accum {t['grad_accum']} x {res['num_processes']} processes, "
         f"max_length {cfg['model']['max_length']}, epochs {t['epochs']}, seed {t['seed']}",
@@ -214,19 +223,34 @@ def model_card(name: str, role: str, out_dir: Path, command: list[str], wall: fl
         + (f"; this invocation {wall:.0f} s" if wall else ""),
         f"- versions: {', '.join(f'{k} {v}' for k, v in info['versions'].items())}",
         "",
-        f"## Metrics ({spec.metrics_note})", *table, "",
+        f"## Metrics ({note})", *table, "",
         "## Command", "```", *commands, "```",
         *([f"All of it (data, training, this folder): `{recipe}`"] if recipe else []),
         "Full resolved config: `effrag_config.json` (`training.config`) in this directory.", "",
     ])
 
 
+def after_install_command(spec: ModelSpec, where: str, data: str) -> list[str]:
+    return [a.format(path=where, data=data) for a in spec.after_install]
+
+
 def install(args, role: str, out_dir: Path, cmd: list[str], wall: float | None, data_commands: list[str]) -> Path:
-    dest = REPO / "checkpoints" / MODELS[role].checkpoint.format(name=args.name)
+    """Copy the run's best checkpoint to checkpoints/ with its card, then run the model's after-install step.
+
+    A reused run (``wall`` None: it had finished before this invocation) keeps the card already installed
+    beside it, which describes the invocation that trained it."""
+    spec = MODELS[role]
+    dest = REPO / "checkpoints" / spec.checkpoint.format(name=args.name)
+    card = dest / "README.md"
+    old_card = card.read_text() if wall is None and card.is_file() else None
     shutil.rmtree(dest, ignore_errors=True)
-    shutil.copytree(out_dir / "best", dest)
+    shutil.copytree(out_dir / args.install, dest)
     recipe = "python " + shlex.join(["scripts/train_models.py", *sys.argv[1:]]).replace(str(REPO) + "/", "")
-    (dest / "README.md").write_text(model_card(args.name, role, out_dir, cmd, wall, data_commands, recipe))
+    card.write_text(old_card or model_card(args.name, role, out_dir, cmd, wall, data_commands, recipe, args.install))
+    if spec.after_install:
+        step = [sys.executable, *after_install_command(spec, str(dest.relative_to(REPO)), str(args.data))]
+        print("+", shlex.join(step), flush=True)
+        subprocess.run(step, cwd=REPO, check=True)
     return dest
 
 
@@ -238,6 +262,8 @@ def main() -> int:
     p.add_argument("--launch-args", default="", help="raw accelerate launch arguments (GPU/DeepSpeed setups)")
     p.add_argument("--paper", action="store_true", help="use configs/*_paper.yaml (DeBERTa-v3-large; GPUs)")
     p.add_argument("--force", action="store_true", help="retrain even if the run finished")
+    p.add_argument("--install", choices=("best", "last"), default="best",
+                   help="the run's checkpoint to install: best by the dev records' metric, or the end of the schedule")
     p.add_argument("--synth", metavar="DIR", help="synthesis output dir: Labeler/Filter train on DIR/<model>.jsonl")
     p.add_argument("--labeler-overrides", default="", metavar="ARGS",
                    help="overrides for the Labeler only, e.g. '--model.name_or_path smollm2 --train.lr 5e-5'")

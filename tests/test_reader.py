@@ -52,6 +52,25 @@ def test_records_from_dataset_files_are_spans_and_no_answer_documents(data):
         check_reader_record({**yes_no[0], "answer_type": "yes", "answer_start": 0}, "x.jsonl:5")
 
 
+def test_joint_records_come_one_per_distractor_count(tmp_path):
+    from effrag.data import load_questions
+    from effrag.models.reader import PASSAGE_SEPARATOR, passage_text
+    from effrag.training.tasks.reader import build_reader_examples
+
+    questions = load_questions(sample_path("hotpotqa", "train"), limit=5)
+    joint = lambda recs: [r for r in recs if PASSAGE_SEPARATOR in r["context"]]  # noqa: E731
+    one = build_reader_examples(questions, joint_distractors=1)  # one joint record per question
+    three = build_reader_examples(questions, joint_distractors=(1, 0, 3))
+    assert build_reader_examples(questions) == three  # the default
+    answering = lambda recs: [r for r in joint(recs) if r["answer_start"] is not None or r.get("answer_type")]  # noqa
+    assert len(answering(three)) == 3 * len(answering(one)) > 0
+    assert len(joint(three)) - len(answering(three)) == len(joint(one)) - len(answering(one))  # no-answer: once
+    for q in questions:  # the 0-distractor copy is exactly the gold passages (any order): oracle reading's input
+        gold = sorted(passage_text(p.title, p.text) for p in q.gold)
+        assert any(sorted(r["context"].split(PASSAGE_SEPARATOR)) == gold for r in answering(three)
+                   if r["question"] == q.question)
+
+
 def test_train_reader_reduces_loss_predicts_spans_and_round_trips(data, tmp_path, load_script):
     out = tmp_path / "run"
     cfg = load_config("reader", {  # the packaged configs/reader.yaml, by name
@@ -85,6 +104,9 @@ def test_train_reader_reduces_loss_predicts_spans_and_round_trips(data, tmp_path
                          None, recipe="python scripts/train_models.py --models reader --name tiny")
     assert card.startswith("# reader-tiny\n") and "| all | " in card and "answer_exact" in card
     assert "load_model(\"checkpoints/reader-tiny\")" in card and "--models reader --name tiny" in card
+    assert "python scripts/tune_reader.py --reader checkpoints/reader-tiny --data ../shared/data --write" in card
+    last = tm.model_card("tiny", "reader", out, ["train.py"], None, installed="last")
+    assert "installed: the last, step 30" in last and "## Metrics (last checkpoint, " in last
 
 
 # -- reading a method's pool: windows, answer types, effrag eval --reader ----------------------------------------
@@ -166,3 +188,77 @@ def test_bad_reader_dirs_and_uses_are_one_line_errors(reader_dir, data, tmp_path
     assert "answers with its LLM" in err and "direct-r" in err
     err = _eval_error(base + ["--method", "direct-r", "--reader", reader_dir, "--llm", "default"], capsys)
     assert "--llm or --reader" in err
+
+
+# -- span decoding: question echoes, length, tuning on dev -------------------------------------------------------
+def _window(document: str, start: list[float], end: list[float]):
+    """A WindowLogits over ``document``'s words: token i is word i (no question tokens)."""
+    import re
+
+    import torch
+
+    from effrag.models.reader import WindowLogits
+
+    spans = [m.span() for m in re.finditer(r"\S+", document)]
+    return WindowLogits(document, torch.tensor(start), torch.tensor(end), torch.ones(len(spans), dtype=torch.bool),
+                        torch.tensor(spans), 0.5, torch.tensor([1.0, -1.0, 0.0]))
+
+
+def test_decoding_penalises_question_echoes_and_long_spans():
+    from effrag.models.reader import decode_span, echoes_question
+
+    q = "What is the scientific name of the creature featured in Creature from the Black Lagoon?"
+    assert echoes_question("the Black Lagoon", q) and echoes_question("Creature.", q)
+    assert not echoes_question("Eucritta", q) and not echoes_question("", q)
+    assert not echoes_question("Bodyjar", "Which band formed earlier, Audioslave or Bodyjar?")  # alternatives
+    assert not echoes_question("Bodyjar", "Between Audioslave and Bodyjar, which formed earlier?")
+
+    doc = "Lagoon features Eucritta melanolimnetes today"
+    # spans of at most 2 tokens: "Lagoon" (token 0) scores 10, "Eucritta melanolimnetes" (2-3) 7.5, "Eucritta" 7
+    w = _window(doc, [5.0, 0.0, 4.0, 0.0, -1.0], [5.0, 0.0, 3.0, 3.5, -1.0])
+    two = {"max_answer_tokens": 2}
+    assert decode_span(q, w).text == "Lagoon"  # plain argmax
+    assert decode_span(q, w, **two).text == "Lagoon"
+    echo = decode_span(q, w, question_echo_penalty=10.0, **two)
+    assert echo.text == "Eucritta melanolimnetes" and echo.span_score == pytest.approx(7.5)
+    assert decode_span(q, w, question_echo_penalty=1.0, **two).text == "Lagoon"  # 10 - 1 still beats 7.5
+    assert decode_span(q, w, question_echo_penalty=10.0, length_penalty=1.0, **two).text == "Eucritta"  # 7 > 6.5
+    assert decode_span(q, w, question_echo_penalty=10.0, max_answer_tokens=1).text == "Eucritta"
+    assert decode_span("Which is it, Lagoon or Eucritta?", w, question_echo_penalty=10.0, **two).text == "Lagoon"
+    # the answer type: the type head's argmax, "yes" raised by yes_bias
+    assert decode_span(q, w).answer_type == "span" and decode_span(q, w, yes_bias=1.5).answer_type == "span"
+    assert decode_span(q, w, yes_bias=2.5).answer == "yes"
+
+
+def test_tune_reader_stores_the_best_decoding_in_the_checkpoint(reader_dir, tmp_path, load_script):
+    import shutil
+
+    from effrag.models.reader import DECODING_DEFAULTS
+
+    ckpt = tmp_path / "reader"
+    shutil.copytree(reader_dir, ckpt)
+    data = sample_path("hotpotqa", "dev").parent.parent
+    out = tmp_path / "tuned"
+    argv = ["--reader", str(ckpt), "--data", str(data), "--limit", "4", "--echo-penalties", "0,100",
+            "--length-penalties", "0,0.5", "--max-answer-tokens", "5,30", "--yes-biases", "0", "--write", "--output", str(out)]
+    assert load_script("tune_reader").main(argv) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert len(report["grid"]) == 8 and report["checkpoint_before"]["settings"] == DECODING_DEFAULTS
+    best = report["best"]
+    assert best["f1"] == max(r["f1"] for r in report["grid"])
+    assert best["f1"] == pytest.approx(sum(d["f1"] for d in best["datasets"].values()) / 3)  # 4 questions each
+    assert set(best["datasets"]) == set(DATASETS) and all(d["n"] == 4 for d in best["datasets"].values())
+    tuned = ExtractiveReader.from_pretrained(ckpt)  # weights untouched, integrity check passes
+    assert tuned.decoding() == best["settings"]
+    assert json.loads((ckpt / "effrag_config.json").read_text())["decoding_tuned"]["f1"] == round(best["f1"], 2)
+    assert "best (chosen)" in (out / "report.md").read_text()
+    # the tuned settings are what the reader uses; explicit arguments still win
+    q, doc = "Which band?", "Bodyjar: Bodyjar is a band from Australia formed in 1994."
+    assert tuned.predict([q], [doc])[0] == tuned.predict([q], [doc], **best["settings"])[0]
+    with pytest.raises(ValueError, match="unknown decoding setting"):
+        tuned.predict([q], [doc], beam=3)
+    # oracle reading reports the settings it decoded with
+    assert load_script("eval_reader").main(["--reader", str(ckpt), "--data", str(data), "--limit", "3",
+                                            "--output", str(tmp_path / "oracle")]) == 0
+    results = json.loads((tmp_path / "oracle" / "results.json").read_text())
+    assert results["decoding"] == best["settings"] and results["results"]["musique"]["n"] == 3

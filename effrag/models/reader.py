@@ -22,6 +22,7 @@ which also builds its SQuAD-style examples from dataset files), ``configs/reader
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -30,11 +31,20 @@ import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
-from .heads import EncoderWithHeads
+from ..evaluation.metrics import normalize_answer
+from .heads import DEFAULT_OPTIONS, EncoderWithHeads
 from .tokenization import IGNORE  # a target the loss skips: spans of yes/no examples, types of no-answer ones
 
 CONFIDENCE_THRESHOLD = 1.5  # SearChain's theta on f
 MAX_ANSWER_TOKENS = 30
+# Span decoding (ExtractiveReader options, so tuned values travel with the checkpoint; tuned on the dev
+# files' oracle reading by scripts/tune_reader.py): spans of at most max_answer_tokens tokens, minus
+# length_penalty per token after the first, minus question_echo_penalty when the span repeats the
+# question's own words (echoes_question); yes_bias is added to the type head's "yes" logit (the train
+# files hold far fewer yes than no answers: 54 against 141). Zeros reproduce plain argmax decoding.
+DECODING_DEFAULTS = {"max_answer_tokens": MAX_ANSWER_TOKENS, "question_echo_penalty": 0.0, "length_penalty": 0.0,
+                     "yes_bias": 0.0}
+_ALTERNATIVES = re.compile(r"\b(or|between)\b", re.IGNORECASE)
 NEG = -1e4  # logit of padding positions
 ANSWER_TYPES = ("span", "yes", "no")  # the type head's classes
 YES_NO = ANSWER_TYPES[1:]  # the types answered without a span
@@ -97,6 +107,7 @@ class ExtractiveReader(EncoderWithHeads):
     """A BERT-style encoder with start/end span heads, a [CLS] confidence head and a [CLS] answer-type head."""
 
     model_type = "reader"
+    default_options = {**DEFAULT_OPTIONS, **DECODING_DEFAULTS}
     label_names = {"span": ["start", "end"], "confidence": ["does not answer", "answers"],
                    "answer_type": list(ANSWER_TYPES)}
 
@@ -134,34 +145,47 @@ class ExtractiveReader(EncoderWithHeads):
                               return_offsets_mapping=True, return_tensors="pt" if tensors else None)
 
     @torch.inference_mode()
-    def predict(self, questions: Sequence[str], documents: Sequence[str], batch_size: int = 16,
-                max_answer_tokens: int = MAX_ANSWER_TOKENS) -> list[ReaderAnswer]:
-        """Best span in each document (never empty), the confidence logit ``f`` and the answer type."""
+    def logits(self, questions: Sequence[str], documents: Sequence[str], batch_size: int = 16) -> list[WindowLogits]:
+        """One forward pass per (question, document): the heads' outputs that :meth:`decode` turns into
+        an answer. Kept apart so that decoding settings can be tuned without re-running the encoder."""
         if len(questions) != len(documents):
             raise ValueError(f"{len(questions)} questions but {len(documents)} documents")
         was_training = self.training
         self.eval()
-        out: list[ReaderAnswer] = []
+        out: list[WindowLogits] = []
         try:
             for i in range(0, len(questions), batch_size):
                 qs, ds = questions[i:i + batch_size], documents[i:i + batch_size]
                 enc = self.encode(qs, ds, tensors=True)
                 offsets = enc.pop("offset_mapping")
                 res = self(**{k: v.to(self.device) for k, v in enc.items()})
-                in_doc = torch.tensor([[s == 1 for s in enc.sequence_ids(b)] for b in range(len(qs))],
-                                      device=res.start_logits.device)
-                starts, ends, scores = best_spans(res.start_logits, res.end_logits, in_doc, max_answer_tokens)
-                types = res.type_logits.argmax(-1).tolist()
                 for b in range(len(qs)):
-                    conf, kind = float(res.confidence[b]), ANSWER_TYPES[types[b]]
-                    if not bool(in_doc[b].any()):
-                        out.append(ReaderAnswer("", conf, 0, 0, float("-inf"), kind))
-                        continue
-                    c0, c1 = int(offsets[b, int(starts[b]), 0]), int(offsets[b, int(ends[b]), 1])
-                    out.append(ReaderAnswer(ds[b][c0:c1], conf, c0, c1, float(scores[b]), kind))
+                    n = int(enc["attention_mask"][b].sum())
+                    in_doc = torch.tensor([s == 1 for s in enc.sequence_ids(b)[:n]])
+                    out.append(WindowLogits(ds[b], res.start_logits[b, :n].float().cpu(),
+                                            res.end_logits[b, :n].float().cpu(), in_doc, offsets[b, :n],
+                                            float(res.confidence[b]), res.type_logits[b].float().cpu()))
         finally:
             self.train(was_training)
         return out
+
+    def decoding(self, **overrides) -> dict:
+        """The span-decoding settings: the checkpoint's options (:data:`DECODING_DEFAULTS` keys), with
+        ``overrides`` that are not None on top."""
+        unknown = set(overrides) - set(DECODING_DEFAULTS)
+        if unknown:
+            raise ValueError(f"unknown decoding setting(s) {sorted(unknown)}; known: {sorted(DECODING_DEFAULTS)}")
+        return {k: overrides[k] if overrides.get(k) is not None else self.options[k] for k in DECODING_DEFAULTS}
+
+    def decode(self, question: str, window: WindowLogits, **overrides) -> ReaderAnswer:
+        """Best span of one window under the decoding settings (see :data:`DECODING_DEFAULTS`)."""
+        return decode_span(question, window, **self.decoding(**overrides))
+
+    def predict(self, questions: Sequence[str], documents: Sequence[str], batch_size: int = 16,
+                max_answer_tokens: int | None = None, **decoding) -> list[ReaderAnswer]:
+        """Best span in each document (never empty), the confidence logit ``f`` and the answer type."""
+        windows = self.logits(questions, documents, batch_size)
+        return [self.decode(q, w, max_answer_tokens=max_answer_tokens, **decoding) for q, w in zip(questions, windows)]
 
     def pack(self, question: str, passages: Sequence[str], together: bool = True) -> list[list[int]]:
         """Indices of ``passages`` read per window, in their order: consecutive passages while
@@ -181,18 +205,100 @@ class ExtractiveReader(EncoderWithHeads):
             used += n
         return windows
 
+    def window_logits(self, question: str, passages: Sequence[str], together: bool = True,
+                      batch_size: int = 16) -> tuple[list[list[int]], list[WindowLogits]]:
+        """The windows of :meth:`pack` (passage indices) and their :meth:`logits`."""
+        windows = self.pack(question, passages, together)
+        docs = [PASSAGE_SEPARATOR.join(passages[i] for i in w) for w in windows]
+        return windows, self.logits([question] * len(docs), docs, batch_size)
+
+    def answer_windows(self, question: str, windows: list[list[int]], logits: list[WindowLogits],
+                       **decoding) -> tuple[ReaderAnswer, list[int]]:
+        """The most confident window's answer and that window's passage indices."""
+        if not windows:
+            return ReaderAnswer("", float("-inf"), 0, 0, float("-inf")), []
+        best = max(range(len(windows)), key=lambda j: logits[j].confidence)
+        return self.decode(question, logits[best], **decoding), windows[best]
+
     def read(self, question: str, passages: Sequence[str], together: bool = True,
-             batch_size: int = 16) -> tuple[ReaderAnswer, list[int]]:
+             batch_size: int = 16, **decoding) -> tuple[ReaderAnswer, list[int]]:
         """The answer to ``question`` from ranked ``passages`` (plain strings, e.g. ``"title: text"``):
         each window of :meth:`pack` is read as one document and the window with the highest
         confidence answers. Returns that answer and the indices of the passages in its window."""
         if not passages:
             return ReaderAnswer("", float("-inf"), 0, 0, float("-inf")), []
-        windows = self.pack(question, passages, together)
-        docs = [PASSAGE_SEPARATOR.join(passages[i] for i in w) for w in windows]
-        answers = self.predict([question] * len(docs), docs, batch_size=batch_size)
-        best = max(range(len(answers)), key=lambda j: answers[j].confidence)
-        return answers[best], windows[best]
+        return self.answer_windows(question, *self.window_logits(question, passages, together, batch_size),
+                                   **decoding)
+
+
+@dataclass
+class WindowLogits:
+    """The reader's outputs for one (question, document) pair, cut to its real tokens."""
+
+    document: str
+    start: torch.Tensor  # [T] start logits
+    end: torch.Tensor  # [T]
+    in_doc: torch.Tensor  # [T] bool: the token belongs to the document (a span may use it)
+    offsets: torch.Tensor  # [T, 2] character offsets into the document
+    confidence: float  # f
+    type_logits: torch.Tensor  # [3] over ANSWER_TYPES
+
+
+def echoes_question(span: str, question: str) -> bool:
+    """True when the span's words (normalised as the EM/F1 rule does) occur together in the question,
+    and the question does not offer alternatives ("A or B?", "between A and B"), whose answer is one
+    of its own phrases. A wh-question is rarely answered by its own words: such a span is most often
+    the bridge entity, not the answer."""
+    return _echo_test(question)(span)
+
+
+def _echo_test(question: str):
+    """:func:`echoes_question` for one question, its normalisation done once."""
+    if _ALTERNATIVES.search(question):
+        return lambda span: False
+    padded = f" {normalize_answer(question)} "
+
+    def echoes(span: str) -> bool:
+        words = normalize_answer(span)
+        return bool(words) and f" {words} " in padded
+    return echoes
+
+
+def decode_span(question: str, window: WindowLogits, max_answer_tokens: int = MAX_ANSWER_TOKENS,
+                question_echo_penalty: float = 0.0, length_penalty: float = 0.0, yes_bias: float = 0.0,
+                candidates: int = 20) -> ReaderAnswer:
+    """The answer of ``window``. Its type: the type head's argmax after adding ``yes_bias`` to the
+    "yes" logit. Its span: highest ``start + end`` logit among spans of at most ``max_answer_tokens``
+    document tokens, minus ``length_penalty`` per token after the first and ``question_echo_penalty``
+    when the span :func:`echoes_question` (the ``candidates`` best spans are re-scored for it).
+    ``span_score`` is that penalised score."""
+    w = window
+    types = w.type_logits.clone()
+    types[ANSWER_TYPES.index("yes")] += yes_bias
+    answer_type = ANSWER_TYPES[int(types.argmax())]
+    if not bool(w.in_doc.any()):
+        return ReaderAnswer("", w.confidence, 0, 0, float("-inf"), answer_type)
+    n, m = len(w.start), max(1, min(int(max_answer_tokens), len(w.start)))
+    # scores[s, l]: the span from token s to token s + l (l < m), over a band instead of all n x n pairs
+    end = torch.cat([w.end, w.end.new_full((m - 1,), float("-inf"))]).unfold(0, m, 1)
+    ok = torch.cat([w.in_doc, w.in_doc.new_zeros(m - 1)]).unfold(0, m, 1) & w.in_doc[:, None]
+    scores = w.start[:, None] + end
+    if length_penalty:
+        scores = scores - length_penalty * torch.arange(m, dtype=scores.dtype)
+    flat = scores.masked_fill(~ok, float("-inf")).flatten()
+    k = min(candidates, int(ok.sum())) if question_echo_penalty else 1
+    top = flat.topk(k)
+    echoes = _echo_test(question) if question_echo_penalty else None
+    best = None
+    for score, idx in zip(top.values.tolist(), top.indices.tolist()):
+        s, e = idx // m, idx // m + idx % m
+        c0, c1 = int(w.offsets[s, 0]), int(w.offsets[e, 1])
+        if echoes is not None and echoes(w.document[c0:c1]):
+            score -= question_echo_penalty
+        if best is None or score > best[0]:
+            best = (score, c0, c1)
+    score, c0, c1 = best
+    return ReaderAnswer(w.document[c0:c1], w.confidence, c0, c1, score, answer_type)
 
 
 PASSAGE_SEPARATOR = "\n"  # between packed passages, in training records and at reading time alike

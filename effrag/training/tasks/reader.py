@@ -35,6 +35,7 @@ from ..data import RecordError
 from .base import Task, ratio, register_task
 
 RECORDS_NAME = "reader.jsonl"
+JOINT_DISTRACTORS = (1, 0, 3)  # distractors in each joint record of a question (see build_reader_examples)
 _YESNO = {"yes", "no", "noanswer", ""}
 _REF = re.compile(r"#(\d+)")
 
@@ -80,14 +81,18 @@ def _span_or_none(question: str, context: str, dataset: str, answers: Sequence[s
 
 
 def build_reader_examples(questions: Iterable, negatives_per_question: int = 1, seed: int = 0,
-                          joint_distractors: int = 1) -> list[dict]:
+                          joint_distractors: Sequence[int] | int = JOINT_DISTRACTORS) -> list[dict]:
     """Reader records from :class:`~effrag.data.records.Question` records (see the module doc).
 
     Passages read as at answer time (``"title: text"``, :func:`~effrag.models.reader.passage_text`).
-    Besides one-passage records, each question gives a *joint* record: its gold passages and
-    ``joint_distractors`` distractors shuffled into one context, with the full question's span, or its
-    yes/no answer type; and a joint no-answer record of distractors alone.
+    Besides one-passage records, each question gives *joint* records, one per entry of
+    ``joint_distractors``: its gold passages and that many distractors shuffled into one context, with
+    the full question's span, or its yes/no answer type; and a joint no-answer record of distractors
+    alone. Joint records are how the reader reads at answer time, so several shuffles of them are the
+    cheapest extra data the few train questions give.
     """
+    if isinstance(joint_distractors, int):
+        joint_distractors = (joint_distractors,)
     rng = random.Random(seed)
     out: list[dict] = []
     for q in questions:
@@ -122,8 +127,10 @@ def build_reader_examples(questions: Iterable, negatives_per_question: int = 1, 
         for p in rng.sample(distractors, min(negatives_per_question, len(distractors))):
             question = rng.choice([x[0] for x in pairs]) if pairs else q.question
             out.append(_record(question, passage_text(p.title, p.text), q.dataset))
-        if q.gold:  # the full question over its gold passages read together (+ distractors)
-            extra = rng.sample(distractors, min(joint_distractors, len(distractors)))
+        for i, n_extra in enumerate(joint_distractors):  # the full question over its gold passages read together
+            if not q.gold:
+                break
+            extra = rng.sample(distractors, min(n_extra, len(distractors)))
             passages = list(q.gold) + extra
             rng.shuffle(passages)
             context = PASSAGE_SEPARATOR.join(passage_text(p.title, p.text) for p in passages)
@@ -135,15 +142,16 @@ def build_reader_examples(questions: Iterable, negatives_per_question: int = 1, 
                 if rec is not None:
                     out.append(rec)
             others = [p for p in distractors if p not in extra]
-            if others:
-                alone = rng.sample(others, min(len(q.gold) + joint_distractors, len(others)))
+            if others and i == 0:  # one no-answer record of distractors alone
+                alone = rng.sample(others, min(len(q.gold) + n_extra, len(others)))
                 out.append(_record(q.question, PASSAGE_SEPARATOR.join(passage_text(p.title, p.text) for p in alone),
                                    q.dataset))
     return out
 
 
 def write_reader_data(inputs: Sequence[str | Path], out_dir: str | Path, *, limit: int | None = None,
-                      negatives_per_question: int = 1, seed: int = 0) -> dict:
+                      negatives_per_question: int = 1, seed: int = 0,
+                      joint_distractors: Sequence[int] | int = JOINT_DISTRACTORS) -> dict:
     """Write the reader records of dataset files (any ``load_questions`` format) to ``out_dir/reader.jsonl``.
 
     ``limit`` takes the first questions of each file. The file appears whole or not at all
@@ -152,7 +160,7 @@ def write_reader_data(inputs: Sequence[str | Path], out_dir: str | Path, *, limi
     from ...data import load_questions
 
     questions = [q for f in inputs for q in load_questions(f, limit=limit)]
-    records = build_reader_examples(questions, negatives_per_question, seed)
+    records = build_reader_examples(questions, negatives_per_question, seed, joint_distractors)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / (RECORDS_NAME + ".tmp")

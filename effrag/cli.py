@@ -197,6 +197,7 @@ def _cmd_eval(args) -> None:
     from effrag.evaluation import evaluate, markdown_table
     from effrag.experiment import RunSetup, method_options
     from effrag.pipelines import build_pipeline, get_pipeline_class, llm_options, reader_options
+    from effrag.tuning import model_fingerprint
 
     cls = get_pipeline_class(args.method)
     ks = sorted(set(args.k or [10]))
@@ -227,7 +228,8 @@ def _cmd_eval(args) -> None:
               "index_type": args.index_type if kind != "bm25" else None,
               "bf16": args.bf16, "k": ks, "limit": args.limit, "batch_size": args.batch_size,
               "method_options": method_opts, "llm": args.llm, "answer_aliases": answer_aliases,
-              **({"reader": {"path": args.reader, "mode": args.reader_mode, "context": args.reader_context}}
+              **({"reader": {"path": args.reader, "mode": args.reader_mode, "context": args.reader_context,
+                             "model": model_fingerprint(args.reader, with_options=True)}}  # retrained: no resume
                  if args.reader else {}),
               **({"method_config": pipeline.config.to_json()} if hasattr(getattr(pipeline, "config", None), "to_json") else {})}
     entries = evaluate(pipeline, questions, setup.gold, out, config, ks=ks, batch_size=args.batch_size, seed=args.seed)

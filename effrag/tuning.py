@@ -69,17 +69,23 @@ class CachedModel:
         return [self.cache[k] for k in keys]
 
 
-def model_fingerprint(path: str | Path) -> str | None:
-    """Short hash of a checkpoint's recorded file hashes (``effrag_config.json`` ``files``): part of a tuning
-    folder's setup, so that a model retrained at the same path never resumes the old model's rows."""
+def model_fingerprint(path: str | Path, with_options: bool = False) -> str | None:
+    """Short hash of a checkpoint's recorded file hashes (``effrag_config.json`` ``files``; with
+    ``with_options``, its options too, e.g. a reader's tuned decoding): part of a tuning folder's setup or
+    an eval run's config, so that a model retrained (or retuned) at the same path never resumes the old
+    model's rows."""
     import hashlib
     import json
 
     try:
-        files = json.loads((Path(path) / "effrag_config.json").read_text()).get("files")
+        meta = json.loads((Path(path) / "effrag_config.json").read_text())
+        files = meta.get("files")
     except (OSError, ValueError, AttributeError):
         return None
-    return hashlib.sha1(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16] if files else None
+    if not files:
+        return None
+    what = {"files": files, "options": meta.get("options")} if with_options else files
+    return hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def parse_grid(items: Sequence[str]) -> list[dict[str, Any]]:

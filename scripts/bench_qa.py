@@ -114,6 +114,7 @@ def main(argv=None) -> int:
     from effrag.pipelines.generation import ReaderGenerator
     from effrag.pretrained import pretrained_path
     from effrag.provenance import write_report
+    from effrag.tuning import model_fingerprint
 
     irrr_config = load_irrr_config(args.irrr_config)
     torch.set_num_threads(args.threads or usable_cores())
@@ -147,6 +148,7 @@ def main(argv=None) -> int:
             config = {"method": name, "dataset": ds, "questions": str(Path(dev).resolve()), "limit": args.limit,
                       "retriever": "bm25" if name == "irrr" else "dense", **setup.describe(),
                       "reader": str(args.reader), "reader_mode": args.reader_mode,
+                      "reader_model": model_fingerprint(args.reader, with_options=True),  # retrained: no resume
                       "model": str(model) if name.startswith("efficientrag") else None,
                       "irrr": args.irrr if name == "irrr" else None,
                       "irrr_config": irrr_config if name == "irrr" else None}

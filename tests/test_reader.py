@@ -61,7 +61,6 @@ def test_joint_records_come_one_per_distractor_count(tmp_path):
     joint = lambda recs: [r for r in recs if PASSAGE_SEPARATOR in r["context"]]  # noqa: E731
     one = build_reader_examples(questions, joint_distractors=1)  # one joint record per question
     three = build_reader_examples(questions, joint_distractors=(1, 0, 3))
-    assert build_reader_examples(questions) == three  # the default
     answering = lambda recs: [r for r in joint(recs) if r["answer_start"] is not None or r.get("answer_type")]  # noqa
     assert len(answering(three)) == 3 * len(answering(one)) > 0
     assert len(joint(three)) - len(answering(three)) == len(joint(one)) - len(answering(one))  # no-answer: once
@@ -143,6 +142,7 @@ def test_eval_reader_answers_the_pool_of_any_retrieval_method(reader_dir, tmp_pa
     from effrag.pipelines import build_pipeline
     from effrag.pipelines.generation import ReaderGenerator
     from effrag.retrieval import build_retriever
+    from effrag.tuning import model_fingerprint
 
     dev, train = sample_path("hotpotqa", "dev"), sample_path("hotpotqa", "train")
     argv = ["eval", "--method", "direct-r", "--reader", str(reader_dir), "--questions", str(dev), "--corpus-from",
@@ -151,7 +151,8 @@ def test_eval_reader_answers_the_pool_of_any_retrieval_method(reader_dir, tmp_pa
     rows = [json.loads(line) for line in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())[0]
     config = json.loads((tmp_path / "out" / "config.json").read_text())["run"]
-    assert config["reader"] == {"path": str(reader_dir), "mode": "together", "context": "chunks"}
+    assert config["reader"] == {"path": str(reader_dir), "mode": "together", "context": "chunks",
+                                "model": model_fingerprint(reader_dir, with_options=True)}
     assert len(rows) == 3 and all(r["llm_calls"] == 0 for r in rows) and "em" in metrics and "f1" in metrics
     # the same answers as the reader on the same pools, outside the CLI
     retriever = build_retriever("bm25", build_corpus([train, dev]))
@@ -262,3 +263,22 @@ def test_tune_reader_stores_the_best_decoding_in_the_checkpoint(reader_dir, tmp_
                                             "--output", str(tmp_path / "oracle")]) == 0
     results = json.loads((tmp_path / "oracle" / "results.json").read_text())
     assert results["decoding"] == best["settings"] and results["results"]["musique"]["n"] == 3
+
+
+def test_eval_never_resumes_answers_of_a_retuned_reader(reader_dir, tmp_path, capsys, load_script):
+    import shutil
+
+    from effrag.cli import main
+
+    ckpt = tmp_path / "reader"
+    shutil.copytree(reader_dir, ckpt)
+    argv = ["eval", "--method", "direct-r", "--reader", ckpt, "--questions", sample_path("hotpotqa", "dev"),
+            "--corpus-from", sample_path("hotpotqa", "train"), "--retriever", "bm25", "--k", "4", "--limit", "2",
+            "--output", tmp_path / "out"]
+    assert main([str(a) for a in argv]) == 0
+    assert main([str(a) for a in argv]) == 0  # the same reader: resumes (nothing left to do)
+    load_script("tune_reader").store_decoding(ckpt, {"question_echo_penalty": 3.0}, {"command": "test"})
+    capsys.readouterr()
+    assert main([str(a) for a in argv]) == 2  # new decoding, same path: the old answers are not the new reader's
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("effrag: error")]
+    assert len(err) == 1 and "holds predictions of a different run (differs in: reader)" in err[0]

@@ -580,7 +580,13 @@ def test_effrag_eval_cli_runs_efficientrag(model_dirs, tmp_path):
     assert all(r["trace"]["hops"][0]["queries"] == [r["question"]] for r in rows)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics[0]["method"] == "efficientrag" and metrics[0]["avg_chunks"] == 4
-    assert json.loads((out / "config.json").read_text())["run"]["method_options"]["tag_threshold"] == 0.0
+    run = json.loads((out / "config.json").read_text())["run"]
+    assert run["method_options"]["tag_threshold"] == 0.0
+    from effrag.tuning import model_fingerprint  # a Labeler or Filter retrained at the same path: no resume
+
+    assert run["model_files"] == {"labeler": model_fingerprint(model_dirs["labeler"]),
+                                  "filter": model_fingerprint(model_dirs["filter"])}
+    assert None not in run["model_files"].values()
 
     # hop_k from an --er-config file is kept unless --k is given explicitly
     cfg = tmp_path / "best.json"

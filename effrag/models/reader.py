@@ -225,10 +225,8 @@ class ExtractiveReader(EncoderWithHeads):
         """The answer to ``question`` from ranked ``passages`` (plain strings, e.g. ``"title: text"``):
         each window of :meth:`pack` is read as one document and the window with the highest
         confidence answers. Returns that answer and the indices of the passages in its window."""
-        if not passages:
-            return ReaderAnswer("", float("-inf"), 0, 0, float("-inf")), []
-        return self.answer_windows(question, *self.window_logits(question, passages, together, batch_size),
-                                   **decoding)
+        windows, logits = self.window_logits(question, passages, together, batch_size) if passages else ([], [])
+        return self.answer_windows(question, windows, logits, **decoding)
 
 
 @dataclass

@@ -16,7 +16,8 @@ from data_synthesis.irrr_steps import build_irrr_data
 from effrag.data import Corpus, Passage, build_corpus, load_questions, sample_path
 from effrag.training.tasks.irrr import StepCollator, check_irrr_record, featurize_irrr, irrr_metrics, irrr_stats, STAT_NAMES
 from effrag.models import IRRRModel, load_model
-from effrag.models.irrr import NOANSWER, SPAN, YES, answerability, best_spans
+from effrag.models.irrr import NOANSWER, SPAN, YES, answerability
+from effrag.models.spans import best_spans
 from effrag.models.irrr_encoding import CONT_TOKEN, encode_path, find_answer
 from effrag.models.tokenization import IGNORE
 from effrag.pipelines.irrr import IRRRConfig, IRRRPipeline, IRRRRunner, outcome

@@ -70,6 +70,46 @@ def test_joint_records_come_one_per_distractor_count(tmp_path):
                    if r["question"] == q.question)
 
 
+def test_span_targets_mark_every_occurrence_and_the_loss_is_their_marginal(data):
+    import torch
+
+    from effrag.models.reader import span_loss
+    from effrag.training.tasks.reader import answer_occurrences, featurize_reader
+
+    ctx = "Paris: Paris is in France.\nComparis: PARIS hosts it; Parisian food."
+    own = ctx.index("Paris is")
+    # case-insensitive, never inside a longer word ("Comparis", "Parisian"), the record's own first
+    assert answer_occurrences(ctx, "Paris", own) == [own, 0, ctx.index("PARIS")]
+    assert answer_occurrences("a (b) c (b)", "(b)", 2) == [2, 8]  # punctuation at the ends: plain substring
+
+    rec = {"question": "Where is it?", "context": ctx, "answer": "Paris", "answer_start": own}
+    none = {"question": "Where is it?", "context": ctx, "answer": "", "answer_start": None}
+    yes = {"question": "Is it?", "context": ctx, "answer": "yes", "answer_start": None, "answer_type": "yes"}
+    every = ExtractiveReader.from_encoder(data["base"], options={"span_targets": "all"})
+    first = ExtractiveReader.from_encoder(data["base"])  # the default
+    f_all, f_none, f_yes = featurize_reader(every, [rec, none, yes], 96)
+    (f_first,) = featurize_reader(first, [rec], 96)
+    assert sum(f_all["start_targets"]) == sum(f_all["end_targets"]) == 3
+    assert f_all["start_targets"][f_all["start_positions"]] == 1  # the record's own span is among them
+    assert f_first["start_targets"] == [int(i == f_all["start_positions"]) for i in range(len(f_all["input_ids"]))]
+    assert f_none["start_targets"][0] == 1 == sum(f_none["start_targets"])  # no answer: [CLS]
+    assert sum(f_yes["start_targets"]) == 0  # yes/no: no span target, skipped by the loss
+    (cut,) = featurize_reader(every, [rec], 16)  # truncation keeps only the occurrences that fit
+    assert 0 < sum(cut["start_targets"]) < 3
+
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
+    one, two = torch.tensor([[0, 0, 1, 0]]), torch.tensor([[0, 1, 1, 0]])
+    ce = torch.nn.functional.cross_entropy(logits, torch.tensor([2]))
+    assert span_loss(logits, logits, one, one) == pytest.approx(float(ce))  # one target: cross-entropy
+    p = logits.softmax(-1)[0]
+    assert span_loss(logits, logits, two, two) == pytest.approx(-float(torch.log(p[1] + p[2])))
+    rows = torch.cat([logits, logits]), torch.cat([one, torch.zeros_like(one)])
+    assert span_loss(rows[0], rows[0], rows[1], rows[1], reduction="none").tolist() == pytest.approx([float(ce), 0.0])
+    assert span_loss(rows[0], rows[0], rows[1], rows[1]) == pytest.approx(float(ce))  # mean skips target-less rows
+    with pytest.raises(ValueError, match="span_targets"):
+        ExtractiveReader.from_encoder(data["base"], options={"span_targets": "some"})
+
+
 def test_train_reader_reduces_loss_predicts_spans_and_round_trips(data, tmp_path, load_script):
     out = tmp_path / "run"
     cfg = load_config("reader", {  # the packaged configs/reader.yaml, by name
@@ -282,3 +322,31 @@ def test_eval_never_resumes_answers_of_a_retuned_reader(reader_dir, tmp_path, ca
     assert main([str(a) for a in argv]) == 2  # new decoding, same path: the old answers are not the new reader's
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("effrag: error")]
     assert len(err) == 1 and "holds predictions of a different run (differs in: reader)" in err[0]
+
+
+def test_banded_span_search_is_exact_and_shared_by_decoding():
+    import itertools
+
+    import torch
+
+    from effrag.models.reader import WindowLogits, decode_span
+    from effrag.models.spans import best_spans
+
+    torch.manual_seed(0)
+    start, end = torch.randn(4, 12), torch.randn(4, 12)
+    allowed = torch.rand(4, 12) > 0.3
+    allowed[3] = False  # a row without any allowed token
+    b_s, b_e, score = best_spans(start, end, allowed, max_answer_tokens=4)
+    for b in range(3):  # brute force over every pair
+        pairs = [(s, e) for s, e in itertools.product(range(12), repeat=2)
+                 if s <= e < s + 4 and allowed[b, s] and allowed[b, e]]
+        s, e = max(pairs, key=lambda p: float(start[b, p[0]] + end[b, p[1]]))
+        assert (int(b_s[b]), int(b_e[b])) == (s, e) and float(score[b]) == pytest.approx(float(start[b, s] + end[b, e]))
+    assert score[3] == float("-inf")
+    doc = " ".join(f"w{i}" for i in range(12))
+    offsets = torch.tensor([[3 * i, 3 * i + 2] if i < 10 else [3 * i + (i - 10), 3 * i + (i - 10) + 3]
+                            for i in range(12)])
+    w = WindowLogits(doc, start[0], end[0], allowed[0], offsets, 0.0, torch.tensor([1.0, 0.0, 0.0]))
+    ans = decode_span("q?", w, max_answer_tokens=4)  # no penalties: the same span as the batched search
+    assert (ans.start, ans.end) == (int(offsets[b_s[0], 0]), int(offsets[b_e[0], 1]))
+    assert ans.span_score == pytest.approx(float(score[0]))

@@ -36,6 +36,7 @@ from transformers.utils import ModelOutput
 from ..text import QUERY_STOPWORDS, join_words, normalize_word, words
 from .heads import DEFAULT_OPTIONS, EncoderWithHeads, TokenHead, forward_batches
 from .irrr_encoding import CONT_TOKEN, PathEncoding, encode_path
+from .spans import best_spans
 from .tokenization import IGNORE
 
 ANSWER_TYPES = ["span", "yes", "no", "noanswer"]
@@ -77,23 +78,6 @@ def answerability(type_logits: torch.Tensor, start: torch.Tensor, end: torch.Ten
     rows = torch.arange(len(start), device=start.device)
     span_gain = (start[rows, best_start] - start[:, 0]) / 2 + (end[rows, best_end] - end[:, 0]) / 2
     return torch.where(best_type == SPAN, ratio + span_gain, ratio), best_type
-
-
-def best_spans(start: torch.Tensor, end: torch.Tensor, allowed: torch.Tensor, max_answer_tokens: int = 30,
-               top: int = 20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Best (start, end) per row with start <= end < start + max_answer_tokens over ``allowed`` tokens."""
-    s = start.masked_fill(~allowed, NEG)
-    e = end.masked_fill(~allowed, NEG)
-    k = min(top, s.size(1))
-    ss, si = s.topk(k, -1)
-    es, ei = e.topk(k, -1)
-    score = ss[:, :, None] + es[:, None, :]
-    ok = (ei[:, None, :] >= si[:, :, None]) & (ei[:, None, :] < si[:, :, None] + max_answer_tokens)
-    score = score.masked_fill(~ok, 2 * NEG)
-    flat = score.flatten(1).argmax(-1)
-    b_s = si.gather(1, (flat // k)[:, None])[:, 0]
-    b_e = ei.gather(1, (flat % k)[:, None])[:, 0]
-    return b_s, b_e, score.flatten(1).max(-1).values
 
 
 class IRRRModel(EncoderWithHeads):

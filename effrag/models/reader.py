@@ -33,6 +33,7 @@ from transformers.utils import ModelOutput
 
 from ..evaluation.metrics import normalize_answer
 from .heads import DEFAULT_OPTIONS, EncoderWithHeads
+from .spans import span_band
 from .tokenization import IGNORE  # a target the loss skips: spans of yes/no examples, types of no-answer ones
 
 CONFIDENCE_THRESHOLD = 1.5  # SearChain's theta on f
@@ -44,6 +45,13 @@ MAX_ANSWER_TOKENS = 30
 # files hold far fewer yes than no answers: 54 against 141). Zeros reproduce plain argmax decoding.
 DECODING_DEFAULTS = {"max_answer_tokens": MAX_ANSWER_TOKENS, "question_echo_penalty": 0.0, "length_penalty": 0.0,
                      "yes_bias": 0.0}
+# How training marks a span answer (effrag.training.tasks.reader.featurize_reader): "first" marks only the
+# occurrence the record names, so its other occurrences are trained as wrong spans; "all" marks every
+# occurrence of the answer text and the span loss is their marginal likelihood. In HotpotQA's joint train
+# records the answer occurs more than once in 45% of them (609 of 1,355), yet "all" read HotpotQA's dev
+# oracle 1.3 F1 worse and 2Wiki / MuSiQue 2.1 / 1.2 better (reports/reader/README.md): "first" stays.
+TRAINING_DEFAULTS = {"span_targets": "first"}
+SPAN_TARGETS = ("all", "first")
 _ALTERNATIVES = re.compile(r"\b(or|between)\b", re.IGNORECASE)
 NEG = -1e4  # logit of padding positions
 ANSWER_TYPES = ("span", "yes", "no")  # the type head's classes
@@ -90,26 +98,42 @@ def _mean_ce(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits[keep], target[keep])
 
 
-def best_spans(start: torch.Tensor, end: torch.Tensor, allowed: torch.Tensor,
-               max_answer_tokens: int = MAX_ANSWER_TOKENS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Best ``(start, end, start + end logit)`` per row over ``allowed`` tokens with
-    ``start <= end < start + max_answer_tokens``; a row with no allowed token scores ``-inf``."""
-    scores = start.float()[:, :, None] + end.float()[:, None, :]
-    n = scores.shape[-1]
-    band = torch.ones(n, n, dtype=torch.bool, device=scores.device).triu().tril(max_answer_tokens - 1)
-    valid = band & allowed[:, :, None] & allowed[:, None, :]
-    flat = scores.masked_fill(~valid, float("-inf")).flatten(1)
-    best = flat.argmax(-1)
-    return best // n, best % n, flat.gather(1, best[:, None])[:, 0]
+def _marginal_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per row: minus the log of the total probability of the ``targets`` positions ([B, T] 0/1);
+    rows without a target give 0 (see :func:`span_loss`)."""
+    marked = targets.bool()
+    has = marked.any(-1)
+    marked = marked | (~has[:, None] & (torch.arange(marked.shape[-1], device=marked.device) == 0))  # no -inf rows
+    gold = logits.float().masked_fill(~marked, float("-inf")).logsumexp(-1)
+    nll = logits.float().logsumexp(-1) - gold
+    return torch.where(has, nll, torch.zeros_like(nll))
+
+
+def span_loss(start: torch.Tensor, end: torch.Tensor, start_targets: torch.Tensor, end_targets: torch.Tensor,
+              reduction: str = "mean") -> torch.Tensor:
+    """Mean of the start and end heads' marginal negative log-likelihood of their target positions
+    (every occurrence of the answer, or [CLS] for a context that does not answer); rows without a
+    target (yes/no examples) are skipped by the mean and give 0 with ``reduction="none"``."""
+    per_row = (_marginal_nll(start, start_targets) + _marginal_nll(end, end_targets)) / 2
+    if reduction == "none":
+        return per_row
+    keep = start_targets.bool().any(-1)
+    return per_row[keep].mean() if bool(keep.any()) else per_row.sum() * 0.0
 
 
 class ExtractiveReader(EncoderWithHeads):
     """A BERT-style encoder with start/end span heads, a [CLS] confidence head and a [CLS] answer-type head."""
 
     model_type = "reader"
-    default_options = {**DEFAULT_OPTIONS, **DECODING_DEFAULTS}
+    default_options = {**DEFAULT_OPTIONS, **DECODING_DEFAULTS, **TRAINING_DEFAULTS}
     label_names = {"span": ["start", "end"], "confidence": ["does not answer", "answers"],
                    "answer_type": list(ANSWER_TYPES)}
+
+    def __init__(self, encoder, tokenizer, options: dict | None = None):
+        super().__init__(encoder, tokenizer, options)
+        if self.options["span_targets"] not in SPAN_TARGETS:
+            raise ValueError(f"reader option span_targets must be one of {list(SPAN_TARGETS)}, "
+                             f"got {self.options['span_targets']!r}")
 
     def build_heads(self, hidden: int, dropout: float) -> None:
         self.head_dropout = nn.Dropout(dropout)
@@ -118,17 +142,22 @@ class ExtractiveReader(EncoderWithHeads):
         self.type_head = nn.Linear(hidden, len(ANSWER_TYPES))
 
     def forward(self, input_ids, attention_mask, token_type_ids=None, start_positions=None, end_positions=None,
-                answerable=None, answer_type=None) -> ReaderOutput:
+                answerable=None, answer_type=None, start_targets=None, end_targets=None) -> ReaderOutput:
         """Span, confidence and answer-type logits; with targets, the loss: mean start/end cross-entropy
         (a document that does not answer points both at [CLS]; yes/no examples are skipped), the
-        confidence's binary cross-entropy and the answer type's cross-entropy (answering examples only)."""
+        confidence's binary cross-entropy and the answer type's cross-entropy (answering examples only).
+        Per-token 0/1 ``start_targets``/``end_targets`` (every occurrence of the answer) replace the
+        positions in the span loss by their marginal likelihood (:func:`span_loss`)."""
         hidden = self.head_dropout(self.encode_hidden(input_ids, attention_mask, token_type_ids))
         start, end = self.span_head(hidden).float().masked_fill((attention_mask == 0)[..., None], NEG).unbind(-1)
         confidence = self.conf_head(hidden[:, 0]).float()[:, 0]
         types = self.type_head(hidden[:, 0]).float()
         out = ReaderOutput(start_logits=start, end_logits=end, confidence=confidence, type_logits=types)
         if start_positions is not None and end_positions is not None and answerable is not None:
-            out.span_loss = (_mean_ce(start, start_positions) + _mean_ce(end, end_positions)) / 2
+            if start_targets is not None and end_targets is not None:
+                out.span_loss = span_loss(start, end, start_targets, end_targets)
+            else:
+                out.span_loss = (_mean_ce(start, start_positions) + _mean_ce(end, end_positions)) / 2
             out.confidence_loss = nn.functional.binary_cross_entropy_with_logits(confidence, answerable.float())
             out.loss = out.span_loss + out.confidence_loss
             if answer_type is not None:
@@ -276,14 +305,11 @@ def decode_span(question: str, window: WindowLogits, max_answer_tokens: int = MA
     answer_type = ANSWER_TYPES[int(types.argmax())]
     if not bool(w.in_doc.any()):
         return ReaderAnswer("", w.confidence, 0, 0, float("-inf"), answer_type)
-    n, m = len(w.start), max(1, min(int(max_answer_tokens), len(w.start)))
-    # scores[s, l]: the span from token s to token s + l (l < m), over a band instead of all n x n pairs
-    end = torch.cat([w.end, w.end.new_full((m - 1,), float("-inf"))]).unfold(0, m, 1)
-    ok = torch.cat([w.in_doc, w.in_doc.new_zeros(m - 1)]).unfold(0, m, 1) & w.in_doc[:, None]
-    scores = w.start[:, None] + end
+    scores, ok, m = span_band(w.start[None], w.end[None], w.in_doc[None], max_answer_tokens)
+    scores, ok = scores[0], ok[0]  # scores[s, l]: the span from token s to token s + l
     if length_penalty:
         scores = scores - length_penalty * torch.arange(m, dtype=scores.dtype)
-    flat = scores.masked_fill(~ok, float("-inf")).flatten()
+    flat = scores.flatten()
     k = min(candidates, int(ok.sum())) if question_echo_penalty else 1
     top = flat.topk(k)
     echoes = _echo_test(question) if question_echo_penalty else None

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ...models.irrr import ANSWER_TYPES, NOANSWER, IRRRModel, best_spans
+from ...models.irrr import ANSWER_TYPES, NOANSWER, IRRRModel
+from ...models.spans import best_spans
 from ...models.irrr_encoding import find_answer
 from ...models.tokenization import IGNORE, pad_batch
 from .base import TOKEN_STATS, Task, ratio, register_task, token_metrics, token_stats

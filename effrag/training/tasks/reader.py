@@ -3,7 +3,9 @@
 A record (one JSONL line) is ``{"question", "context", "answer", "answer_start", "dataset"}`` and an
 optional ``"answer_type"`` (``"span"``, ``"yes"``, ``"no"``). ``answer_start`` null means the context
 does not answer the question (both span heads then point at [CLS] and the confidence target is 0),
-unless ``answer_type`` is yes/no: the context answers and the type head learns which.
+unless ``answer_type`` is yes/no: the context answers and the type head learns which. The span loss
+credits the record's own answer occurrence, or with reader option ``span_targets="all"`` every
+occurrence of the answer text in the context (:func:`answer_occurrences`).
 :func:`write_reader_data` builds these files from dataset files (:func:`build_reader_examples`):
 
 * MuSiQue sub-questions (``#k`` references resolved with earlier answers) with their answer in
@@ -30,7 +32,8 @@ from typing import Iterable, Sequence
 import torch
 
 from ...models.reader import (ANSWER_TYPES, CONFIDENCE_THRESHOLD, IGNORE, PASSAGE_SEPARATOR, ExtractiveReader,
-                              YES_NO, best_spans, passage_text)
+                              YES_NO, passage_text, span_loss)
+from ...models.spans import best_spans
 from ..data import RecordError
 from .base import Task, ratio, register_task
 
@@ -211,21 +214,45 @@ def answer_tokens(sequence_ids: list, offsets: list, start: int | None, answer: 
     return (0, 0) if s_tok == 0 or e_tok < s_tok else (s_tok, e_tok)
 
 
+def answer_occurrences(context: str, answer: str, start: int) -> list[int]:
+    """Character starts of every occurrence of ``answer`` in ``context`` (case-insensitive, not inside
+    a longer word), ``start`` (the record's own) first."""
+    found = [start]
+    if not answer:
+        return found
+    pattern = re.compile((r"(?<!\w)" if answer[0].isalnum() else "") + re.escape(answer)
+                         + (r"(?!\w)" if answer[-1].isalnum() else ""), re.IGNORECASE)
+    return found + [m.start() for m in pattern.finditer(context) if m.start() != start]
+
+
 def featurize_reader(model: ExtractiveReader, records: list[dict], max_length: int) -> list[dict]:
+    """Token features of reader records. ``start_positions``/``end_positions``: the record's own answer
+    (what the span metrics check); ``start_targets``/``end_targets``: every token a span loss may
+    credit, i.e. each occurrence of the answer that survives truncation (model option
+    ``span_targets="all"``) or the record's own only (``"first"``), and [CLS] when none does."""
+    every = model.options.get("span_targets") == "all"
     enc = model.encode([r["question"] for r in records], [r["context"] for r in records], max_length)
     feats = []
     for b, r in enumerate(records):
         kind = r.get("answer_type")
+        n_tok = len(enc["input_ids"][b])
+        s_mark, e_mark = [0] * n_tok, [0] * n_tok
         if kind in YES_NO:  # answers, but not with a span: the span heads skip it
             s = e = IGNORE
             answerable, type_id = 1, ANSWER_TYPES.index(kind)
         else:
-            s, e = answer_tokens(enc.sequence_ids(b), enc["offset_mapping"][b], r.get("answer_start"),
-                                 r.get("answer", ""))
+            seq, offsets, answer, start = enc.sequence_ids(b), enc["offset_mapping"][b], r.get("answer", ""), \
+                r.get("answer_start")
+            starts = [start] if start is None or not every else answer_occurrences(r["context"], answer, start)
+            spans = [t for t in (answer_tokens(seq, offsets, c, answer) for c in starts) if t[0] > 0]
+            s, e = spans[0] if spans else (0, 0)
+            for s_tok, e_tok in spans or [(0, 0)]:
+                s_mark[s_tok] = e_mark[e_tok] = 1
             answerable = int(s > 0)
             type_id = 0 if answerable else IGNORE
         f = {"input_ids": enc["input_ids"][b], "attention_mask": enc["attention_mask"][b],
-             "start_positions": s, "end_positions": e, "answerable": answerable, "answer_type": type_id}
+             "start_positions": s, "end_positions": e, "start_targets": s_mark, "end_targets": e_mark,
+             "answerable": answerable, "answer_type": type_id}
         if "token_type_ids" in enc:
             f["token_type_ids"] = enc["token_type_ids"][b]
         feats.append(f)
@@ -246,16 +273,17 @@ def reader_stats(out, batch) -> torch.Tensor:
     answerable = batch["answerable"].bool()
     kind = batch["answer_type"]
     is_span = kind == 0
-    span_ok = (b_s == batch["start_positions"]) & (b_e == batch["end_positions"]) & is_span
+    own_length = batch["end_positions"] - batch["start_positions"]
+    marked = (batch["start_targets"].gather(1, b_s[:, None])[:, 0].bool()
+              & batch["end_targets"].gather(1, b_e[:, None])[:, 0].bool())
+    span_ok = marked & (b_e - b_s == own_length) & is_span  # the answer's text at any of its occurrences
     pred_kind = out.type_logits.argmax(-1)
     answer_ok = torch.where(is_span, span_ok & (pred_kind == 0), (pred_kind == kind) & answerable)
-    ce = torch.nn.functional.cross_entropy
-    span_loss = (ce(out.start_logits.float(), batch["start_positions"], reduction="none", ignore_index=IGNORE)
-                 + ce(out.end_logits.float(), batch["end_positions"], reduction="none", ignore_index=IGNORE)) / 2
+    loss = span_loss(out.start_logits, out.end_logits, batch["start_targets"], batch["end_targets"], reduction="none")
     conf_loss = torch.nn.functional.binary_cross_entropy_with_logits(out.confidence.float(), answerable.float(),
                                                                      reduction="none")
     cols = [span_ok, is_span, answer_ok, answerable, (out.confidence > CONFIDENCE_THRESHOLD) == answerable,
-            span_loss, conf_loss, torch.ones_like(span_loss)]
+            loss, conf_loss, torch.ones_like(loss)]
     return torch.stack([c.float() for c in cols], 1)
 
 
@@ -276,4 +304,5 @@ register_task(Task(
     batch_stats=reader_stats,
     summarize=reader_metrics,
     default_metric="answer_exact",
+    pad_values={"start_targets": 0, "end_targets": 0},
 ))

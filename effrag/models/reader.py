@@ -109,6 +109,12 @@ def _marginal_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.where(has, nll, torch.zeros_like(nll))
 
 
+def _one_hot(positions: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """[B, T] 0/1 targets marking each row's position; an IGNORE row marks none."""
+    cols = torch.arange(logits.shape[-1], device=logits.device)
+    return (cols[None, :] == positions[:, None]) & (positions != IGNORE)[:, None]
+
+
 def span_loss(start: torch.Tensor, end: torch.Tensor, start_targets: torch.Tensor, end_targets: torch.Tensor,
               reduction: str = "mean") -> torch.Tensor:
     """Mean of the start and end heads' marginal negative log-likelihood of their target positions
@@ -154,10 +160,9 @@ class ExtractiveReader(EncoderWithHeads):
         types = self.type_head(hidden[:, 0]).float()
         out = ReaderOutput(start_logits=start, end_logits=end, confidence=confidence, type_logits=types)
         if start_positions is not None and end_positions is not None and answerable is not None:
-            if start_targets is not None and end_targets is not None:
-                out.span_loss = span_loss(start, end, start_targets, end_targets)
-            else:
-                out.span_loss = (_mean_ce(start, start_positions) + _mean_ce(end, end_positions)) / 2
+            if start_targets is None or end_targets is None:  # one target per row: the positions
+                start_targets, end_targets = _one_hot(start_positions, start), _one_hot(end_positions, end)
+            out.span_loss = span_loss(start, end, start_targets, end_targets)
             out.confidence_loss = nn.functional.binary_cross_entropy_with_logits(confidence, answerable.float())
             out.loss = out.span_loss + out.confidence_loss
             if answer_type is not None:

@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     from effrag.evaluation.report import md_table
     from effrag.experiment import RunSetup, dataset_file
     from effrag.hardware import usable_cores
-    from effrag.models.reader import load_reader_checkpoint
+    from effrag.models import load_reader
     from effrag.pipelines import build_pipeline
     from effrag.pipelines.generation import ReaderGenerator
     from effrag.pretrained import pretrained_path
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
 
     irrr_config = load_irrr_config(args.irrr_config)
     torch.set_num_threads(args.threads or usable_cores())
-    reader = load_reader_checkpoint(args.reader).eval()
+    reader = load_reader(args.reader).eval()
     together = args.reader_mode == "together"
     read_chunks = ReaderGenerator(reader, together=together)
     read_kept = ReaderGenerator(reader, together=together, context="kept_words")

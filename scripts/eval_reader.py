@@ -44,6 +44,13 @@ def answer_kind(answer: str) -> str:
     return "yes/no" if answer.strip().lower() in YES_NO else "span"
 
 
+def describe_decoding(decoding: dict) -> str:
+    """``max_answer_tokens 15, ...``; a reader vote's members as ``name (…); name (…)``."""
+    if all(isinstance(v, dict) for v in decoding.values()):
+        return "; ".join(f"{name} ({describe_decoding(d)})" for name, d in decoding.items())
+    return ", ".join(f"{k} {v:g}" for k, v in decoding.items())
+
+
 def score_rows(rows: list[dict]) -> dict:
     n = len(rows)
     return {"n": n, "em": sum(r["em"] for r in rows) / n if n else 0.0, "f1": sum(r["f1"] for r in rows) / n if n else 0.0}
@@ -57,11 +64,12 @@ def main(argv=None) -> int:
     from effrag.evaluation.metrics import answer_rule, exact_match, f1
     from effrag.evaluation.report import md_table
     from effrag.hardware import usable_cores
-    from effrag.models.reader import load_reader_checkpoint, passage_text
+    from effrag.models import load_reader
+    from effrag.models.reader import passage_text
     from effrag.provenance import write_report
 
     torch.set_num_threads(args.threads or usable_cores())
-    reader = load_reader_checkpoint(args.reader).eval()
+    reader = load_reader(args.reader).eval()
     args.output.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
     table = []
@@ -104,7 +112,7 @@ def main(argv=None) -> int:
     cols = ["dataset", "questions", "n"] + [f"{m} {k}" for m in args.modes for k in ("EM", "F1")]
     command = "python scripts/eval_reader.py " + " ".join(argv if argv is not None else sys.argv[1:])
     files_note = ", ".join(f"{ds}: {r['n']} questions, {r['rule']} rule" for ds, r in results.items())
-    decoding = ", ".join(f"{k} {v:g}" for k, v in reader.decoding().items())
+    decoding = describe_decoding(reader.decoding())
     md = (f"# Oracle reading: the reader given the gold passages\n\nReader `{args.reader}` (span decoding: "
           f"{decoding}; `scripts/tune_reader.py`); each dataset's dev file ({files_note}). "
           "`together`: the gold passages packed into windows of the reader's length, the most confident window "

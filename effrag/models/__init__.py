@@ -12,10 +12,11 @@ from .heads import CONFIG_NAME, ENCODER_ALIASES, EncoderWithHeads, read_effrag_c
 from .irrr import IRRRModel
 from .labeler import LabelerModel
 from .reader import ExtractiveReader, load_reader_checkpoint
+from .reader_vote import ReaderVote, load_reader
 from .tokenization import IGNORE, encode_pairs, encode_singles, pad_batch
 
 MODEL_TYPES: dict[str, type[EncoderWithHeads]] = {"labeler": LabelerModel, "filter": FilterModel, "irrr": IRRRModel,
-                                                   "reader": ExtractiveReader}
+                                                   "reader": ExtractiveReader, "reader_vote": ReaderVote}
 
 
 def register_model(cls: type[EncoderWithHeads]) -> type[EncoderWithHeads]:
@@ -34,7 +35,7 @@ def load_model(path: str | Path, **kwargs) -> EncoderWithHeads:
 
 
 __all__ = [
-    "LabelerModel", "FilterModel", "IRRRModel", "ExtractiveReader", "load_reader_checkpoint", "EncoderWithHeads", "load_model", "register_model",
+    "LabelerModel", "FilterModel", "IRRRModel", "ExtractiveReader", "ReaderVote", "load_reader", "load_reader_checkpoint", "EncoderWithHeads", "load_model", "register_model",
     "MODEL_TYPES",
     "resolve_encoder", "ENCODER_ALIASES", "encode_pairs", "encode_singles", "pad_batch", "IGNORE",
 ]

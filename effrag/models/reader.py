@@ -339,7 +339,8 @@ def passage_text(title: str, text: str) -> str:
 
 
 def load_reader_checkpoint(path: "str | Path") -> ExtractiveReader:
-    """An :class:`ExtractiveReader` from a checkpoint folder, with a clear error for anything else."""
+    """An :class:`ExtractiveReader` from a checkpoint folder, with a clear error for anything else
+    (:func:`effrag.models.load_reader` opens a reader-vote folder too)."""
     from .heads import HEADS_NAME
 
     path = Path(path)

@@ -164,11 +164,11 @@ class ReaderGenerator:
     """
 
     def __init__(self, reader: Any, together: bool = True, context: str = "chunks", batch_size: int = 16):
-        from effrag.models.reader import load_reader_checkpoint
+        from effrag.models import load_reader
 
         if context not in CONTEXT_MODES:
             raise ValueError(f"context must be one of {CONTEXT_MODES}, got {context!r}")
-        self.reader = (load_reader_checkpoint(reader) if not hasattr(reader, "read") else reader).eval()
+        self.reader = (load_reader(reader) if not hasattr(reader, "read") else reader).eval()
         self.together, self.context, self.batch_size = together, context, batch_size
 
     def __call__(self, question: str, chunks: Sequence[Any]) -> dict[str, Any]:

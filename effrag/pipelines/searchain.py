@@ -103,10 +103,11 @@ def parse_coq(text: str) -> CoQ:
 
 
 def load_reader(reader: Any):
+    """SearChain's verifier: a reader or reader-vote folder (default ``checkpoints/reader-all``), or a loaded one."""
     if reader is None or isinstance(reader, (str, Path)):
-        from effrag.models.reader import load_reader_checkpoint
+        from effrag.models import load_reader as open_reader
 
-        return load_reader_checkpoint(reader or DEFAULT_READER)
+        return open_reader(reader or DEFAULT_READER)
     if not hasattr(reader, "predict"):
         raise TypeError(f"reader must be a checkpoint path or an ExtractiveReader, got {type(reader).__name__}")
     return reader

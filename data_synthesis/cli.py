@@ -176,6 +176,50 @@ def run_filter_data(args) -> dict:
     return info
 
 
+def add_ranker_data_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("ranker-data", help="training groups for the pool ranker: each gold chunk against "
+                              "the hard negatives of its query", description="``effrag ranker-data`` "
+                              "(data_synthesis/ranker_groups.py).")
+    p.add_argument("--synth", required=True, metavar="DIR", help="`effrag synthesize` output (labeler.jsonl)")
+    p.add_argument("--inputs", required=True, nargs="+", metavar="FILE",
+                   help="the dataset files that output was synthesised from (questions, contexts, corpus)")
+    p.add_argument("--output", required=True, metavar="DIR", type=output_dir,
+                   help="writes DIR/ranker.jsonl and DIR/ranker_data.json")
+    p.add_argument("--retriever", choices=["dense", "bm25", "hybrid"], default="hybrid",
+                   help="what mines the negatives (default hybrid: the loop's default retriever)")
+    p.add_argument("--depth", type=positive_int, default=30, help="hits per query to draw negatives from")
+    p.add_argument("--negatives", type=positive_int, default=7, help="negatives per group")
+    p.add_argument("--groups-per-positive", type=positive_int, default=2)
+    p.add_argument("--no-context", action="store_true", help="no distractor paragraphs of the question's own")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache-dir", type=Path, default=None, help="index cache (default: effrag's)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=run_ranker_data)
+    return p
+
+
+def run_ranker_data(args) -> dict:
+    """Handler of ``effrag ranker-data``; a finished output with the same settings is reused."""
+    from .ranker_groups import write_ranker_data
+
+    options = {"depth": args.depth, "negatives": args.negatives, "groups_per_positive": args.groups_per_positive,
+               "context": not args.no_context, "seed": args.seed}
+    done = Path(args.output) / "ranker_data.json"
+    settings = {"synth": str(args.synth), "inputs": [str(f) for f in args.inputs], "retriever": args.retriever,
+                **options}
+    if done.is_file() and (Path(args.output) / "ranker.jsonl").is_file():
+        info = json.loads(done.read_text())
+        if {k: info.get(k) for k in settings} == settings:
+            if not args.quiet:
+                print(f"{args.output}: done ({info['groups']} groups), reused")
+            return info
+    info = write_ranker_data(args.synth, args.inputs, args.output, args.retriever, cache_dir=args.cache_dir,
+                             **options)
+    if not args.quiet:
+        print(json.dumps(info, indent=2))
+    return info
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m data_synthesis.cli ...`` is ``effrag synthesize ...`` (same parser, errors and exit codes)."""
     from effrag.cli import main as effrag_main

@@ -1,8 +1,8 @@
 """The public API: EfficientRAG as a multi-hop retriever in a few lines.
 
     from effrag import EfficientRAG
-    rag = EfficientRAG.from_pretrained("checkpoints/labeler", "checkpoints/filter",
-                                       retriever="indexes/hotpotqa-bm25", tag_threshold=0.5)
+    rag = EfficientRAG.from_pretrained("efficientrag-all", corpus="corpus.jsonl")   # the shipped system, its retriever
+    rag = EfficientRAG.from_pretrained("checkpoints/efficientrag-all", retriever="indexes/hotpotqa-bm25")  # your own
     chunks = rag.retrieve("Who directed the film that ...?")   # a Result: reads as its chunk list
     for c in chunks:                 # ranked by hop, then p(<Continue>)
         print(c.hop, c.score, c.title, c.kept_text)
@@ -71,18 +71,45 @@ def as_retriever(retriever: Any, corpus: Any = None) -> Any:
 class EfficientRAG:
     """Labeler + Filter + retriever: iterative multi-hop retrieval without LLM calls."""
 
-    def __init__(self, labeler, filter_model, retriever, config: EfficientRAGConfig | None = None):
-        self.loop = EfficientRAGLoop(labeler, filter_model, as_retriever(retriever), config or EfficientRAGConfig())
+    def __init__(self, labeler, filter_model, retriever, config: EfficientRAGConfig | None = None, ranker=None):
+        self.loop = EfficientRAGLoop(labeler, filter_model, as_retriever(retriever), config or EfficientRAGConfig(),
+                                     ranker=ranker)
         self._generators: dict[tuple, Generator] = {}
 
     @classmethod
-    def from_pretrained(cls, labeler_dir: str | Path, filter_dir: str | Path, retriever: Any, *,
-                        corpus: Any = None, config: EfficientRAGConfig | dict | str | None = None,
-                        **options: Any) -> "EfficientRAG":
-        """Load both checkpoints; ``options`` are :class:`EfficientRAGConfig` fields (``tag_threshold=``, ...)."""
+    def from_pretrained(cls, model: str | Path = "efficientrag-all", filter_dir: str | Path | None = None,
+                        retriever: Any = None, *, corpus: Any = None,
+                        config: EfficientRAGConfig | dict | str | None = None, dataset: str | None = None,
+                        ranker: str | Path | None = None, **options: Any) -> "EfficientRAG":
+        """A trained system: ``model`` is a system folder or a shipped name (``labeler/``, ``filter/``, ``[ranker/]``,
+        ``loop.json``; :mod:`effrag.pipelines.efficientrag_system`), or, with ``filter_dir``, a Labeler checkpoint.
+
+        ``config`` defaults to the system's ``loop-<dataset>.json`` when ``dataset`` names one, else its general
+        ``loop.json``. ``retriever`` is a search object, an index folder, a function, or a kind (``"bm25"``,
+        ``"dense"``, ``"hybrid"``) to build over ``corpus``; left out, the kind the loop config was tuned for is
+        built over ``corpus``. ``options`` are :class:`EfficientRAGConfig` fields (``tag_threshold=``, ...).
+        """
+        from effrag.experiment import RETRIEVER_KINDS, open_corpus, open_retriever
+        from effrag.pipelines.efficientrag_system import config_retriever, open_system
+
+        if filter_dir is None:
+            system = open_system(model, config if isinstance(config, (str, Path)) else None, dataset)
+            labeler_dir, filter_dir, ranker = system.labeler, system.filter, ranker or system.ranker
+            config = config if config is not None else system.config
+        else:
+            labeler_dir = model
         cfg = build_config(config, **options)
-        labeler, filter_model = load_models(labeler_dir, filter_dir)
-        return cls(labeler, filter_model, as_retriever(retriever, corpus), cfg)
+        if retriever is None or (isinstance(retriever, str) and retriever in RETRIEVER_KINDS):
+            kind = retriever or (config_retriever(config) if isinstance(config, (str, Path)) else None) or "dense"
+            if corpus is None:
+                raise ValueError(f"from_pretrained needs a retriever, or a corpus to build the {kind} retriever over")
+            corpus = open_corpus(corpus)
+            retriever = open_retriever(kind, corpus, bf16=True, cache=False)
+        if cfg.pool_order != "rank" and cfg.labeler_top is None:
+            ranker = None  # a system's ranker only reads when the config ranks by it
+        models = load_models(labeler_dir, filter_dir, ranker=ranker)
+        return cls(models[0], models[1], as_retriever(retriever, corpus), cfg,
+                   ranker=models[2] if ranker is not None else None)
 
     config = loop_config
 

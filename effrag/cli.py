@@ -31,6 +31,7 @@ SUBCOMMANDS: list[str] = [
     "effrag.serve:add_serve_parser",
     "data_synthesis.cli:add_irrr_data_parser",
     "data_synthesis.cli:add_filter_data_parser",
+    "data_synthesis.cli:add_ranker_data_parser",
 ]
 EXIT_USAGE = 2
 
@@ -208,6 +209,8 @@ def _cmd_eval(args) -> None:
     # the reader loads before the corpus and index, so a bad checkpoint fails at once
     reader_opts = reader_options(cls, args.reader, args.reader_mode == "together", args.reader_context)
     cls.check_options(**method_options(args))  # a bad loop option fails before the index is built, too
+    if args.retriever is None and args.index is None:  # e.g. the retriever EfficientRAG's loop config was tuned for
+        args.retriever = cls.default_retriever(**method_options(args))
     setup = RunSetup.from_args(args)
     answer_aliases = apply_aliases(args, setup.questions)  # extends 2Wiki answers in place when --aliases is given
     if setup.missing_gold_warning():

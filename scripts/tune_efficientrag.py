@@ -62,8 +62,11 @@ def main(argv=None) -> int:
              "retriever": getattr(run.retriever, "kind", None), "corpus_fingerprint": run.corpus.fingerprint(),
              "labeler": str(args.labeler), "filter": str(args.filter), "base_config": loop.config.to_json(),
              "model_files": {"labeler": model_fingerprint(args.labeler), "filter": model_fingerprint(args.filter)}}
+    if args.ranker:  # only when given: tuning folders made without a ranker still resume
+        setup["ranker"], setup["model_files"]["ranker"] = str(args.ranker), model_fingerprint(args.ranker)
     result = run_grid(loop, run.texts, run.gold, grid, args.output, setup, grid_spec=args.grid,
-                      chunk_budget=args.chunk_budget, batch_size=args.batch_size, curve_max=args.curve_max)
+                      chunk_budget=args.chunk_budget, batch_size=args.batch_size, curve_max=args.curve_max,
+                      ids=[q.id for q in run.questions])
     print(result["table"])
     return 0
 

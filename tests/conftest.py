@@ -68,21 +68,21 @@ def tiny_efficientrag_dirs(tmp_path_factory):
     import torch
     from transformers import AutoModel, BertConfig
 
-    from effrag.models import FilterModel, LabelerModel
+    from effrag.models import FilterModel, LabelerModel, RankerModel
     from effrag.models.heads import load_tokenizer, resolve_encoder
 
     torch.manual_seed(0)
     tok = load_tokenizer(resolve_encoder("minilm"))
     root = tmp_path_factory.mktemp("tiny_efficientrag")
     dirs = {}
-    for name, cls in (("labeler", LabelerModel), ("filter", FilterModel)):
+    for name, cls in (("labeler", LabelerModel), ("filter", FilterModel), ("ranker", RankerModel)):
         cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                          intermediate_size=64, max_position_embeddings=512)
         model = cls(AutoModel.from_config(cfg), tok, {"max_length": 256})
         with torch.no_grad():
-            model.token_head.proj.weight.mul_(40.0)
-            if name == "labeler":
-                model.chunk_head.proj.weight.mul_(40.0)
+            for head in ("token_head", "chunk_head", "score_head"):
+                if hasattr(model, head):
+                    getattr(model, head).proj.weight.mul_(40.0)
         model.save_pretrained(root / name)
         dirs[name] = root / name
     return dirs

@@ -437,8 +437,11 @@ def test_registered_pipeline_with_eval_flags(model_dirs, retriever, questions):
         assert len(o["retrieved"]) == len(o["scores"]) == 2 + 2 * 2  # everything continues
         assert [e["hop"] for e in o["trace"]["hops"]] == [0, 1]
         assert set(o["timing"]) >= {"retrieval", "labeler", "filter", "other", "total"}
-    with pytest.raises(ValueError, match="--labeler"):
-        build_pipeline("efficientrag", retriever)
+    with pytest.raises(ValueError, match="both --labeler DIR and --filter DIR"):
+        build_pipeline("efficientrag", retriever, labeler=str(model_dirs["labeler"]))
+    with pytest.raises(ValueError, match="not both"):
+        build_pipeline("efficientrag", retriever, labeler=str(model_dirs["labeler"]), filter=str(model_dirs["filter"]),
+                       model="efficientrag-all")
 
 
 def test_api_round_trip(model_dirs, retriever, questions):

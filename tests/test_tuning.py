@@ -150,6 +150,46 @@ def test_run_grid_writes_the_tuning_folder_and_resumes(tiny_efficientrag_dirs, t
     assert json.loads((out / "tune_config.json").read_text())["grids"] == [["a"], ["b"]]
 
 
+def test_configs_that_differ_after_the_loop_share_one_run_and_score_as_alone(tiny_efficientrag_dirs, tmp_path):
+    """Pool options (order, weights, caps) re-rank one loop run's states: the rows equal separate runs, and the
+    loop's models read each input once for the whole grid."""
+    import json
+
+    import torch
+
+    from effrag.data import sample_path
+    from effrag.experiment import RunSetup
+    from effrag.pipelines import build_pipeline
+    from effrag.tuning import loop_key, run_grid, score_results
+
+    torch.set_num_threads(1)
+    dev = sample_path("hotpotqa", "dev")
+    setup = RunSetup.build(dev, limit=5, corpus_from=[dev], retriever="bm25", cache=False)
+    d = tiny_efficientrag_dirs
+
+    def loop():
+        return build_pipeline("efficientrag", setup.retriever, labeler=str(d["labeler"]), filter=str(d["filter"]),
+                              ranker=str(d["ranker"]), hop_k=3, max_hops=2, tag_threshold=0.3,
+                              pool_source="seen", pool_order="rank").loop
+
+    grid = parse_grid(["pool_order=rank,fused_logit", "retrieval_weight=0,2", "requery_weight=0,1",
+                       "token_threshold=0.3,0.6"])
+    assert len({loop_key(loop().config.replace(**c)) for c in grid}) == 2
+    ids = [q.id for q in setup.questions]
+    tuned = loop()
+    run_grid(tuned, setup.texts, setup.gold, grid, tmp_path / "t", {"n": 5}, curve_max=5, direct_k_max=5,
+             show_progress=False, ids=ids)
+    rows = {json.dumps(r["changes"], sort_keys=True): r
+            for r in map(json.loads, (tmp_path / "t" / "results.jsonl").read_text().splitlines())}
+    assert len(rows) == len(grid)
+    alone = loop()
+    for changes in grid:
+        alone.config = alone.config.replace(**changes)
+        want = score_results(alone.run(setup.texts), setup.gold, 5, ids=ids)
+        got = rows[json.dumps(changes, sort_keys=True)]
+        assert got["per_question"] == want["per_question"] and got["curve"] == want["curve"]
+
+
 def test_probe_pool_ranking_compares_orders_within_the_seen_ceiling(tiny_efficientrag_dirs, tmp_path, load_script):
     """scripts/probe_pool_ranking.py: the config's order, a cross-validated learned order and the oracle
     order of the seen chunks; no order beats the oracle, and bad options are usage errors."""

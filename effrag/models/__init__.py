@@ -11,12 +11,14 @@ from .filter import FilterModel
 from .heads import CONFIG_NAME, ENCODER_ALIASES, EncoderWithHeads, read_effrag_config, resolve_encoder
 from .irrr import IRRRModel
 from .labeler import LabelerModel
+from .ranker import RankerModel
 from .reader import ExtractiveReader, load_reader_checkpoint
 from .reader_vote import ReaderVote, load_reader
 from .tokenization import IGNORE, encode_pairs, encode_singles, pad_batch
 
 MODEL_TYPES: dict[str, type[EncoderWithHeads]] = {"labeler": LabelerModel, "filter": FilterModel, "irrr": IRRRModel,
-                                                   "reader": ExtractiveReader, "reader_vote": ReaderVote}
+                                                   "reader": ExtractiveReader, "reader_vote": ReaderVote,
+                                                   "ranker": RankerModel}
 
 
 def register_model(cls: type[EncoderWithHeads]) -> type[EncoderWithHeads]:
@@ -35,7 +37,7 @@ def load_model(path: str | Path, **kwargs) -> EncoderWithHeads:
 
 
 __all__ = [
-    "LabelerModel", "FilterModel", "IRRRModel", "ExtractiveReader", "ReaderVote", "load_reader", "load_reader_checkpoint", "EncoderWithHeads", "load_model", "register_model",
+    "LabelerModel", "FilterModel", "RankerModel", "IRRRModel", "ExtractiveReader", "ReaderVote", "load_reader", "load_reader_checkpoint", "EncoderWithHeads", "load_model", "register_model",
     "MODEL_TYPES",
     "resolve_encoder", "ENCODER_ALIASES", "encode_pairs", "encode_singles", "pad_batch", "IGNORE",
 ]

@@ -75,6 +75,11 @@ class Pipeline:
         """Raise ValueError on bad method options before any corpus or index is built (default: checked in
         ``__init__`` only)."""
 
+    @classmethod
+    def default_retriever(cls, **opts: Any) -> str | None:
+        """The retriever kind the method's own settings were tuned for, used when none is named (default: none)."""
+        return None
+
 
 def llm_options(cls: type[Pipeline], llm: str | None, dataset: str | None) -> dict[str, Any]:
     """Keywords for ``cls(...)`` from an LLM spec (``effrag eval --llm``) and the questions' dataset.

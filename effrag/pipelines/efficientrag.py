@@ -26,6 +26,7 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Sequence
 
 from effrag.text import chunk_text, filter_input_words, join_words, words, words_batch
@@ -52,8 +53,8 @@ class _State:
     trace: list[dict[str, Any]] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     iterations: int = 0
-    # requery_weight: each hop >= 1 query's hits ({chunk id: score}) and their lowest score
-    requeries: list[tuple[dict[str, float], float]] = field(default_factory=list)
+    # requery_weight: each hop >= 1 query's hits ({chunk id: (score, 0-based rank)}) and how many there were
+    requeries: list[tuple[dict[str, tuple[float, int]], int]] = field(default_factory=list)
     # relabel_weight: each chunk's best p(<Continue>) under a hop >= 1 query
     relabels: dict[str, float] = field(default_factory=dict)
     # scratch of the current hop
@@ -67,16 +68,18 @@ class _State:
 class EfficientRAGLoop:
     """The loop over a Labeler, a Filter and any retriever with ``search(queries, k)``."""
 
-    def __init__(self, labeler, filter_model, retriever, config: EfficientRAGConfig | None = None):
+    def __init__(self, labeler, filter_model, retriever, config: EfficientRAGConfig | None = None, ranker=None):
         if not callable(getattr(retriever, "search", None)):
             raise TypeError(f"retriever {type(retriever).__name__} has no search(queries, k) method")
         self.labeler = labeler
         self.filter = filter_model
         self.retriever = retriever
+        self.ranker = ranker
         self.config = config or EfficientRAGConfig()
         self._words: dict[str, list[str]] = {}
         self._int8: dict[int, tuple[Any, Any]] = {}  # id(model) -> (model, its int8 copy)
-        self._lab, self._fil = labeler, filter_model  # the models of the current run (int8 copies with config.int8)
+        # the models of the current run (int8 copies with config.int8)
+        self._lab, self._fil, self._rank = labeler, filter_model, ranker
 
     # ------------------------------------------------------------------ helpers
     def _search(self, queries: list[str], ks: list[int]) -> list[list[Any]]:
@@ -115,7 +118,8 @@ class EfficientRAGLoop:
         the Labeler says (``max_candidates`` pool chunks already outrank its best possible score)."""
         cfg = self.config
         if (cfg.max_candidates is None or cfg.pool_source != "continue" or len(s.pool) < cfg.max_candidates
-                or cfg.requery_weight or cfg.relabel_weight):  # later queries' scores unknown: nothing exact to prune
+                or cfg.requery_weight or cfg.relabel_weight  # later queries' scores unknown: nothing exact to prune
+                or cfg.pool_order == "rank"):  # a ranker's or the Labeler's score is unknown before it reads
             return False
         if cfg.pool_order == "hop":  # every pool chunk is from an earlier hop
             return True
@@ -134,6 +138,21 @@ class EfficientRAGLoop:
         need = k * (qi + 1) + len(st.seen)  # earlier queries of this hop may take up to k each
         return -(-need // k) * k  # round up to a multiple of k: fewer distinct retriever calls
 
+    def _labeler_reads(self, pairs: list, rank_scores: list) -> list[bool]:
+        """Which new pairs of the hop the Labeler reads: all, or with ``labeler_top`` each question's
+        ``labeler_top`` best by the ranker (ties: the retriever's order)."""
+        top = self.config.labeler_top
+        if top is None:
+            return [True] * len(pairs)
+        by_state: dict[int, list[int]] = defaultdict(list)
+        for i, (s, _, _, r) in enumerate(pairs):
+            by_state[id(s)].append(i)
+        read = [False] * len(pairs)
+        for idx in by_state.values():
+            for i in sorted(idx, key=lambda i: (-rank_scores[i], pairs[i][3]))[:top]:
+                read[i] = True
+        return read
+
     # ------------------------------------------------------------------ the loop
     def run(self, questions: Sequence[str]) -> list[Result]:
         """Run the loop for every question together; results in input order.
@@ -141,21 +160,37 @@ class EfficientRAGLoop:
         Each result's chunks are the candidate pool ranked by ``config.pool_order``, its ``trace`` the
         list of hops, its ``timing`` the loop time split into retrieval / labeler / filter / other / total.
         """
+        return self.rank_pools(self.run_states(questions))
+
+    def run_states(self, questions: Sequence[str]) -> list[_State]:
+        """The loop without its last step: each question's state (pool, trace, timing) before the pool is ranked.
+
+        :meth:`rank_pools` finishes them; with another config that differs only in the options that act after
+        the loop (:data:`~.efficientrag_config.POOL_OPTIONS`), it gives exactly what :meth:`run` would (the tuner
+        ranks one loop's states under many pool orders this way).
+        """
         import torch
 
         for i, q in enumerate(questions):
             if not isinstance(q, str) or not q.strip():
                 raise ValueError(f"question {i} is empty or not a string: {q!r}")
         cfg = self.config
+        if cfg.labeler_top is not None and self.ranker is None:
+            raise ValueError("EfficientRAGConfig.labeler_top needs a pool ranker (ranker=...)")
         states = [_State(question=q, queries=[q]) for q in questions]
         self._lab, self._fil = self._model(self.labeler), self._model(self.filter)
+        self._rank = self._model(self.ranker) if self.ranker is not None else None
         with torch.inference_mode():
             for hop in range(cfg.max_hops):
                 active = [s for s in states if s.queries]
                 if not active:
                     break
                 self._hop(hop, active)
-        return [self._finish(s) for s in states]
+        return states
+
+    def rank_pools(self, states: Sequence[_State], config: EfficientRAGConfig | None = None) -> list[Result]:
+        """Each state's result, its pool ranked and cut by ``config`` (default: the loop's)."""
+        return [self._finish(s, config or self.config) for s in states]
 
     def _hop(self, hop: int, active: list[_State]) -> None:
         cfg, last = self.config, hop + 1 >= self.config.max_hops
@@ -173,50 +208,68 @@ class EfficientRAGLoop:
         pairs: list[tuple[_State, int, Any]] = []
         hop_k = self._hop_k(hop)
         for (s, qi), hs in zip(reqs, hits):
-            if hop and cfg.requery_weight and hs:
-                reached: dict[str, float] = {}
-                for h in hs:
-                    reached[h.id] = max(float(h.score), reached.get(h.id, float("-inf")))
-                s.requeries.append((reached, min(reached.values())))
+            if hop and hs:  # recorded whatever requery_weight is: it acts after the loop
+                reached: dict[str, tuple[float, int]] = {}
+                for r, h in enumerate(hs):
+                    if h.id not in reached:
+                        reached[h.id] = (float(h.score), r)
+                s.requeries.append((reached, len(hs)))
             new = []
-            for h in hs:
+            for r, h in enumerate(hs):
                 if len(new) == hop_k:
                     break
                 if h.id in s.seen:
                     s.entry["skipped_seen"] += 1
                 else:
                     s.seen.add(h.id)
-                    new.append(h)
+                    new.append((r, h))
             if last and cfg.prune_last_hop:  # counted in the trace as "pruned" (only with the option on)
-                kept_new = [h for h in new if not self._prunable(s, h)]
+                kept_new = [(r, h) for r, h in new if not self._prunable(s, h)]
                 s.entry["pruned"] = s.entry.get("pruned", 0) + len(new) - len(kept_new)
                 new = kept_new
-            pairs += [(s, qi, h) for h in new]
+            pairs += [(s, qi, h, r) for r, h in new]
             s.n_pairs += len(new)
-            s.entry["retrieved"].append([h.id for h in new])
+            s.entry["retrieved"].append([h.id for _, h in new])
         # 3. the Labeler reads all pairs of the hop in one call (with relabel_weight, also every earlier chunk
         #    under this hop's queries: pool order only)
+        #    The pool ranker (if any) reads every new pair first; with labeler_top the Labeler reads only each
+        #    question's best-ranked new chunks of the hop.
+        pair_words = self._chunk_words([h for _, _, h, _ in pairs])
+        t0 = time.perf_counter()
+        rank_scores = self._rank.predict([s.queries[qi] for s, qi, _, _ in pairs], pair_words,
+                                         batch_size=cfg.batch_size, max_length=cfg.labeler_max_length,
+                                         bf16=cfg.bf16) if self._rank is not None and pairs else [None] * len(pairs)
+        t_rank = time.perf_counter() - t0
+        read = self._labeler_reads(pairs, rank_scores)
         relabel = [(s, qi, c) for s in active for qi in range(len(s.queries)) for c in s.pool + s.rejected
                    ] if hop and cfg.relabel_weight else []
         for s, _, _ in relabel:
             s.n_relabel += 1
-        items = pairs + relabel
-        cwords = self._chunk_words([h for _, _, h in items])
+        to_read = [i for i in range(len(pairs)) if read[i]]
+        items = [(pairs[i][0], pairs[i][1], pairs[i][2]) for i in to_read] + relabel
+        cwords = [pair_words[i] for i in to_read] + self._chunk_words([c for _, _, c in relabel])
         t0 = time.perf_counter()
         preds = self._lab.predict([s.queries[qi] for s, qi, _ in items], cwords, batch_size=cfg.batch_size,
                                      max_length=cfg.labeler_max_length, bf16=cfg.bf16) if items else []
-        t_lab = time.perf_counter() - t0
-        for (s, _, c), (p, _) in zip(relabel, preds[len(pairs):]):
+        t_lab = time.perf_counter() - t0 + t_rank
+        for (s, _, c), (p, _) in zip(relabel, preds[len(to_read):]):
             s.relabels[c.id] = max(float(p), s.relabels.get(c.id, 0.0))
-        for (s, qi, h), ws, (p, probs) in zip(pairs, cwords, preds):
-            if hop and cfg.relabel_weight:
+        label_of = dict(zip(to_read, preds))
+        for i, ((s, qi, h, r), ws, rs) in enumerate(zip(pairs, pair_words, rank_scores)):
+            p, probs = label_of.get(i, (None, None))
+            if p is not None and hop and cfg.relabel_weight:
                 s.relabels[h.id] = max(float(p), s.relabels.get(h.id, 0.0))
-            go = p >= cfg.tag_threshold
+            go = p is not None and p >= cfg.tag_threshold
             kept = [w for w, pr in zip(ws, probs) if pr >= cfg.token_threshold] if go else []
-            c = Chunk(id=h.id, title=h.title, text=h.text, score=float(p), hop=hop, kept_words=kept,
-                      query=s.queries[qi], retrieval_score=float(h.score))
-            s.entry["chunks"].append({"id": h.id, "title": h.title, "query": qi, "p_continue": round(float(p), 4),
-                                      "tag": CONTINUE if go else TERMINATE, "kept": join_words(kept)})
+            c = Chunk(id=h.id, title=h.title, text=h.text, score=float(p or 0.0), hop=hop, kept_words=kept,
+                      query=s.queries[qi], retrieval_score=float(h.score), retrieval_rank=r,
+                      rank_score=None if rs is None else float(rs))
+            entry = {"id": h.id, "title": h.title, "query": qi,
+                     "p_continue": None if p is None else round(float(p), 4),
+                     "tag": CONTINUE if go else TERMINATE if p is not None else None, "kept": join_words(kept)}
+            if rs is not None:
+                entry["rank_score"] = round(float(rs), 4)
+            s.entry["chunks"].append(entry)
             (s.pool if go else s.rejected).append(c)
             if go:
                 s.cont.append(c)
@@ -255,17 +308,25 @@ class EfficientRAGLoop:
             elif full(s):
                 s.entry["stop"] = "pool_full"
             s.timing["retrieval"] += t_ret * len(s.queries) / len(reqs)
-            s.timing["labeler"] += t_lab * (s.n_pairs + s.n_relabel) / max(1, len(items))
+            s.timing["labeler"] += t_lab * (s.n_pairs + s.n_relabel) / max(1, len(pairs) + len(relabel))
             s.timing["filter"] += t_fil * s.n_jobs / max(1, len(jobs))
             s.timing["other"] += t_rest / len(active)
             s.trace.append(s.entry)
             s.iterations = hop + 1
             s.queries = s.entry["next_queries"]
 
-    def _finish(self, s: _State) -> Result:
-        cfg = self.config
+    def _finish(self, s: _State, cfg: EfficientRAGConfig) -> Result:
         requery = _requery_scores(s, s.pool + s.rejected)  # empty unless requery_weight recorded later queries
-        if cfg.pool_order in ("fused", "fused_logit"):
+        if cfg.pool_order == "rank":
+            ranks = _requery_ranks(s, s.pool + s.rejected)
+
+            def relevance(c: Chunk) -> float:
+                conf = c.rank_score if c.rank_score is not None else _logit(c.score)
+                later = cfg.requery_weight * math.log1p(ranks[c.id]) if c.id in ranks else 0.0
+                return conf - cfg.retrieval_weight * math.log1p(c.retrieval_rank or 0) - later
+
+            pool_key = extra_key = lambda c: (-relevance(c), c.hop)  # noqa: E731
+        elif cfg.pool_order in ("fused", "fused_logit"):
             conf = (lambda p: p) if cfg.pool_order == "fused" else _logit  # how a p(<Continue>) enters the sum
             later = lambda c: (cfg.requery_weight * requery.get(c.id, 0.0)  # noqa: E731
                                + (cfg.relabel_weight * conf(s.relabels[c.id]) if c.id in s.relabels else 0.0))
@@ -297,7 +358,17 @@ def _requery_scores(s: _State, chunks: list[Chunk]) -> dict[str, float]:
     query's lowest hit. Empty when the loop stopped at hop 0."""
     if not s.requeries:
         return {}
-    return {c.id: max(reached.get(c.id, floor) for reached, floor in s.requeries) for c in chunks}
+    floors = [min(v[0] for v in reached.values()) for reached, _ in s.requeries]
+    return {c.id: max(reached[c.id][0] if c.id in reached else floor
+                      for (reached, _), floor in zip(s.requeries, floors)) for c in chunks}
+
+
+def _requery_ranks(s: _State, chunks: list[Chunk]) -> dict[str, int]:
+    """``pool_order: rank``: each chunk's best 0-based rank under the hop >= 1 queries (a chunk a query did
+    not reach ranks at that query's number of hits, a lower bound). Empty when the loop stopped at hop 0."""
+    if not s.requeries:
+        return {}
+    return {c.id: min(reached[c.id][1] if c.id in reached else n for reached, n in s.requeries) for c in chunks}
 
 
 def int8_copy(model):
@@ -343,7 +414,8 @@ _FLAGS = {  # effrag eval flag -> (type, help); dest = config field (except --er
     "--max-candidates": (int, "cap on the candidate pool (default: none)"),
     "--min-candidates": (int, "top up the pool with the likeliest <Terminate> chunks (default 0)"),
     "--pool-order": (str, "hop: earlier hop, then p(<Continue>); fused: p(<Continue>) + weight x retrieval score; "
-                    "fused_logit: logit p(<Continue>) + weight x retrieval score"),
+                    "fused_logit: logit p(<Continue>) + weight x retrieval score; rank: the ranker's logit - "
+                    "weight x log(1 + retrieval rank)"),
     "--pool-source": (str, "continue: pool of <Continue> chunks (paper); seen: rank every chunk the Labeler read"),
     "--retrieval-weight": (float, "pool-order fused: weight of the retriever's score (default 1.0)"),
     "--requery-weight": (float, "pool-order fused: weight of a chunk's best score under the later hops' queries "
@@ -355,24 +427,29 @@ _FLAGS = {  # effrag eval flag -> (type, help); dest = config field (except --er
     "--er-batch-size": (int, "Labeler/Filter forward batch size (default 32)"),
     "--labeler-max-length": (int, "Labeler input length in sub-tokens (default: the trained length)"),
     "--stop-at-pool": (int, "end a question's loop once its pool holds this many <Continue> chunks (default: off)"),
+    "--labeler-top": (int, "with --ranker: the Labeler reads only each hop's N best-ranked new chunks (default: all)"),
 }
 
 
-def load_models(labeler, filter_model, device: str | None = None):
-    """Labeler and Filter from checkpoint directories, on ``device`` (default: CUDA when present).
-
-    Models given as objects pass through where they are.
-    """
+def load_models(labeler, filter_model, device: str | None = None, ranker=None):
+    """Labeler and Filter (and, when given, the pool ranker) from checkpoint directories, on ``device``
+    (default: CUDA when present). Models given as objects pass through where they are. Returns
+    ``(labeler, filter)``, or ``(labeler, filter, ranker)`` when ``ranker`` is given."""
     import torch
 
-    from effrag.models import FilterModel, LabelerModel
+    from effrag.models import FilterModel, LabelerModel, RankerModel
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if isinstance(labeler, str) or hasattr(labeler, "__fspath__"):
+    path = lambda m: isinstance(m, str) or hasattr(m, "__fspath__")  # noqa: E731
+    if path(labeler):
         labeler = LabelerModel.from_pretrained(labeler).to(device)
-    if isinstance(filter_model, str) or hasattr(filter_model, "__fspath__"):
+    if path(filter_model):
         filter_model = FilterModel.from_pretrained(filter_model).to(device)
-    return labeler.eval(), filter_model.eval()
+    if ranker is None:
+        return labeler.eval(), filter_model.eval()
+    if path(ranker):
+        ranker = RankerModel.from_pretrained(ranker).to(device)
+    return labeler.eval(), filter_model.eval(), ranker.eval()
 
 
 loop_config = property(lambda self: self.loop.config, lambda self, cfg: setattr(self.loop, "config", cfg),
@@ -384,12 +461,15 @@ loop_config = property(lambda self: self.loop.config, lambda self, cfg: setattr(
 class EfficientRAGPipeline(Pipeline):
     """EfficientRAG retrieval, plus one generator call per question when ``generator`` is given.
 
-    The result's chunks are the candidate pool (what the paper's Recall@K counts), scored by
-    p(<Continue>); ``trace`` is ``{"hops": [...], "generation": ...}``, ``timing`` the loop time
-    split into retrieval / labeler / filter / other (and generation). ``config`` or ``er_config``
-    (a JSON file) give the loop options; keyword options (the ``effrag eval`` flags) override them.
-    ``k`` (``effrag eval --k``) sets ``hop_k`` only when given: a config file's ``hop_k`` is not
-    silently replaced by the CLI's default.
+    The models come from a system (``model``: a folder or a shipped name, :mod:`.efficientrag_system`; the
+    shipped ``efficientrag-all`` when neither ``model`` nor ``labeler``/``filter`` is given) or from
+    checkpoint folders (``labeler``, ``filter``, ``ranker``). The result's chunks are the candidate pool
+    (what the paper's Recall@K counts); ``trace`` is ``{"hops": [...], "generation": ...}``, ``timing``
+    the loop time split into retrieval / labeler / filter / other (and generation). ``config`` or
+    ``er_config`` (a JSON file; a system's ``loop.json`` by default) give the loop options; keyword options
+    (the ``effrag eval`` flags) override them. ``k`` (``effrag eval --k``) sets ``hop_k`` only when given:
+    a config file's ``hop_k`` is not silently replaced by the CLI's default. The pool ranker runs when the
+    config orders the pool by it (``pool_order: rank``).
     """
 
     k_in_config = True
@@ -397,33 +477,65 @@ class EfficientRAGPipeline(Pipeline):
 
     def __init__(self, retriever, labeler=None, filter=None, config=None, generator=None,
                  k: int | None = None, er_config: str | None = None, er_batch_size: int | None = None,
-                 er_bf16: bool | None = None, **options: Any):
-        config = self._config(labeler, filter, config, k, er_config, er_batch_size, er_bf16, **options)
-        self.loop = EfficientRAGLoop(*load_models(labeler, filter), retriever, config)
+                 er_bf16: bool | None = None, ranker=None, model=None, **options: Any):
+        labeler, filter, ranker, config = self._resolve(model, labeler, filter, ranker, config or er_config)
+        config = self._config(config, k, er_batch_size, er_bf16, **options)
+        if config.pool_order != "rank" and config.labeler_top is None:
+            ranker = None  # a system's ranker only reads when the config ranks by it
+        models = load_models(labeler, filter, ranker=ranker)
+        self.loop = EfficientRAGLoop(models[0], models[1], retriever, config,
+                                     ranker=models[2] if ranker is not None else None)
         self.generator = generator
 
     @staticmethod
-    def _config(labeler, filter, config, k, er_config, er_batch_size, er_bf16, **options: Any) -> EfficientRAGConfig:
+    def _resolve(model, labeler, filter, ranker, config):
+        """``(labeler, filter, ranker, config)``: from the system ``model`` when no checkpoint is named."""
+        from .efficientrag_system import DEFAULT_SYSTEM, open_system
+
+        if labeler is None and filter is None:
+            system = open_system(model or DEFAULT_SYSTEM, config if isinstance(config, (str, Path)) else None)
+            return system.labeler, system.filter, ranker or system.ranker, config or system.config
+        if model is not None:
+            raise ValueError("give --model (a system) or --labeler/--filter (checkpoints), not both")
         if labeler is None or filter is None:
-            raise ValueError("efficientrag needs --labeler DIR and --filter DIR (trained checkpoints)")
+            raise ValueError("efficientrag needs both --labeler DIR and --filter DIR (or --model, a system folder)")
+        return labeler, filter, ranker, config
+
+    @staticmethod
+    def _config(config, k, er_batch_size, er_bf16, **options: Any) -> EfficientRAGConfig:
         if k is not None and options.get("hop_k") is None:
             options["hop_k"] = k
         options.setdefault("bf16", er_bf16)
-        return build_config(config or er_config, batch_size=er_batch_size, **options)
+        return build_config(config, batch_size=er_batch_size, **options)
 
     @classmethod
     def check_options(cls, labeler=None, filter=None, config=None, k=None, er_config=None, er_batch_size=None,
-                      er_bf16=None, **options: Any) -> None:
-        cls._config(labeler, filter, config, k, er_config, er_batch_size, er_bf16, **options)
+                      er_bf16=None, ranker=None, model=None, **options: Any) -> None:
+        _, _, ranker, config = cls._resolve(model, labeler, filter, ranker, config or er_config)
+        if cls._config(config, k, er_batch_size, er_bf16, **options).labeler_top is not None and ranker is None:
+            raise ValueError("labeler_top needs a pool ranker (--ranker DIR, or a system folder with ranker/)")
+
+    @classmethod
+    def default_retriever(cls, labeler=None, filter=None, config=None, er_config=None, model=None,
+                          **options: Any) -> str | None:
+        """The retriever the loop config was tuned for (``effrag eval`` builds it when ``--retriever`` is not given)."""
+        from .efficientrag_system import config_retriever
+
+        config = cls._resolve(model, labeler, filter, None, config or er_config)[3]
+        return config_retriever(config) if isinstance(config, (str, Path)) else None
 
     config = loop_config
 
     @classmethod
     def add_args(cls, parser) -> None:
         g = parser.add_argument_group("efficientrag")
+        g.add_argument("--model", metavar="DIR|NAME", help="an EfficientRAG system: a folder with labeler/, filter/, "
+                       "[ranker/], loop.json (what the recipe writes) or a shipped name (default efficientrag-all "
+                       "when no --labeler is given); its loop.json and that config's retriever are the defaults")
         g.add_argument("--labeler", metavar="DIR", help="trained Labeler checkpoint directory")
         g.add_argument("--filter", metavar="DIR", help="trained Filter checkpoint directory")
-        g.add_argument("--er-config", metavar="JSON", help="loop config file (e.g. the tuner's best.json)")
+        g.add_argument("--ranker", metavar="DIR", help="trained pool ranker checkpoint directory (pool_order rank)")
+        g.add_argument("--er-config", metavar="JSON", help="loop config file (e.g. a system's loop-<dataset>.json)")
         for flag, (typ, help_) in _FLAGS.items():
             choices = {"--query-mode": QUERY_MODES, "--dedup": DEDUP_MODES, "--pool-order": POOL_ORDERS,
                        "--pool-source": POOL_SOURCES}.get(flag)

@@ -11,12 +11,15 @@ from typing import Any
 QUERY_MODES = ("merged", "per_chunk")
 DEDUP_MODES = ("refill", "drop")
 CHUNK_FORMATS = ("title_text", "text")
-POOL_ORDERS = ("hop", "fused", "fused_logit")
+POOL_ORDERS = ("hop", "fused", "fused_logit", "rank")
 POOL_SOURCES = ("continue", "seen")
 CONTINUE, TERMINATE = "<Continue>", "<Terminate>"
+# options that act after the loop, on its finished pools: configs differing only in these share one loop run
+POOL_OPTIONS = frozenset({"pool_order", "pool_source", "retrieval_weight", "requery_weight", "max_candidates",
+                          "min_candidates"})
 # options added after configs were first written (left out of to_json at their defaults, so old configs still match)
 _ADDED_DEFAULTS = {"int8": False, "stop_at_pool": None, "prune_last_hop": False, "requery_weight": 0.0,
-                   "relabel_weight": 0.0, "query_chunks": None}
+                   "relabel_weight": 0.0, "query_chunks": None, "labeler_top": None}
 
 
 @dataclass
@@ -67,6 +70,14 @@ class EfficientRAGConfig:
     holds that many <Continue> chunks. ``prune_last_hop`` skips, at the last hop (when kept words feed no
     further query), chunks that cannot enter the capped pool (``pool_order`` fused/fused_logit with
     ``max_candidates``, ``pool_source`` continue): exact, the results do not change.
+    ``pool_order: rank`` orders by relevance and ranks, never by a retriever's raw score, so one config
+    carries across retrievers and corpus sizes: the pool ranker's logit (:class:`~effrag.models.RankerModel`,
+    the Labeler's log-odds of <Continue> when the loop has no ranker) minus ``retrieval_weight`` x
+    log(1 + the chunk's rank in its query's hits) minus ``requery_weight`` x log(1 + its best rank under the
+    later hops' queries). ``labeler_top`` (default None: all; needs a ranker) lets the Labeler read only the
+    ``labeler_top`` new chunks of each hop that the ranker scores highest: the Labeler's tags and kept words
+    only steer the next query, which comes from the most confident chunks, so the rest of the hop costs one
+    ranker forward each instead of two forwards.
     ``pool_source``: ``continue`` (the paper) builds the pool from <Continue> chunks (then the
     ``min_candidates`` top-up); ``seen`` ranks every chunk the Labeler read, <Continue> or not,
     in ``pool_order`` as one list, so ``max_candidates`` keeps the best-scored chunks whatever
@@ -99,6 +110,7 @@ class EfficientRAGConfig:
     int8: bool = False
     stop_at_pool: int | None = None
     prune_last_hop: bool = False
+    labeler_top: int | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in (("query_mode", QUERY_MODES), ("dedup", DEDUP_MODES), ("chunk_format", CHUNK_FORMATS),
@@ -114,6 +126,8 @@ class EfficientRAGConfig:
             raise ValueError(f"EfficientRAGConfig.max_candidates must be >= 1 or None, got {self.max_candidates}")
         if self.query_chunks is not None and self.query_chunks < 1:
             raise ValueError(f"EfficientRAGConfig.query_chunks must be >= 1 or None, got {self.query_chunks}")
+        if self.labeler_top is not None and self.labeler_top < 1:
+            raise ValueError(f"EfficientRAGConfig.labeler_top must be >= 1 or None, got {self.labeler_top}")
         if self.stop_at_pool is not None and self.stop_at_pool < 1:
             raise ValueError(f"EfficientRAGConfig.stop_at_pool must be >= 1 or None, got {self.stop_at_pool}")
         for name in ("requery_weight", "relabel_weight"):

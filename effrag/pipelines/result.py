@@ -26,6 +26,8 @@ class Chunk:
     retrieval), ``query`` the query of that round. ``kept_words`` are the words EfficientRAG's
     Labeler kept (empty for other methods); ``fallback`` marks a chunk a method added without
     selecting it (EfficientRAG's ``min_candidates`` top-up, or a <Terminate> chunk of a ``seen`` pool).
+    ``retrieval_rank`` is the chunk's 0-based rank in its query's hits and ``rank_score`` the pool ranker's
+    relevance logit (EfficientRAG with a ranker; None where a method has none).
     """
 
     id: str
@@ -37,6 +39,8 @@ class Chunk:
     query: str = ""
     retrieval_score: float = 0.0
     fallback: bool = False
+    retrieval_rank: int | None = None
+    rank_score: float | None = None
 
     @property
     def kept_text(self) -> str:

@@ -19,9 +19,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from .evaluation.metrics import recall
-from .pipelines.efficientrag import EfficientRAGConfig
-from .pipelines.result import Result
+from ..evaluation.metrics import recall
+from ..pipelines.efficientrag import EfficientRAGConfig
+from ..pipelines.result import Result
 
 def _bool(v: str) -> bool:
     if v.lower() not in ("true", "false"):
@@ -106,13 +106,35 @@ def parse_grid(items: Sequence[str]) -> list[dict[str, Any]]:
     return [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
 
 
-def score_results(results: Sequence[Result], gold: Sequence[Sequence[str]], curve_max: int = 10) -> dict[str, Any]:
+def forwards(result: Result) -> list[int]:
+    """``[Labeler pairs, ranker pairs, Filter inputs]`` one EfficientRAG result read: its reading cost."""
+    chunks = [c for e in result.trace for c in e["chunks"]]
+    return [sum(c.get("p_continue") is not None for c in chunks), sum("rank_score" in c for c in chunks),
+            sum(len(e.get("filter_inputs", [])) for e in result.trace)]
+
+
+def per_question(results: Sequence[Result], gold: Sequence[Sequence[str]], ids: Sequence[str]) -> list[list]:
+    """``[qid, gold count, [1-based pool positions of the gold found], pool size, forwards]`` per question:
+    enough to score any cap of the pool on any subset of the questions (:mod:`.crossfit`), with what the
+    loop read for it (:func:`forwards`)."""
+    out = []
+    for qid, r, g in zip(ids, results, gold):
+        want = set(g)
+        out.append([qid, len(want), [i for i, c in enumerate(r.chunks, start=1) if c.id in want], len(r.chunks),
+                    forwards(r)])
+    return out
+
+
+def score_results(results: Sequence[Result], gold: Sequence[Sequence[str]], curve_max: int = 10,
+                  ids: Sequence[str] | None = None) -> dict[str, Any]:
     """Recall, chunks, seen recall (gold among every chunk labeled in any hop: the ceiling of any pool
-    order or cap) and the curve ``[[c, recall, avg_chunks], ...]`` of the pool cut at c = 1..curve_max."""
+    order or cap) and the curve ``[[c, recall, avg_chunks], ...]`` of the pool cut at c = 1..curve_max;
+    with ``ids`` (the questions' ids), each question's gold positions too (``per_question``)."""
     n = len(results)
     if n == 0 or n != len(gold):
         raise ValueError(f"{n} results for {len(gold)} gold lists")
-    return {
+    extra = {"per_question": per_question(results, gold, ids)} if ids is not None else {}
+    return {**extra,
         "recall": sum(recall([c.id for c in r.chunks], g) for r, g in zip(results, gold)) / n,
         "avg_chunks": sum(len(r.chunks) for r in results) / n,
         "seen_recall": sum(recall([c["id"] for e in r.trace for c in e["chunks"]], g) for r, g in zip(results, gold)) / n,
@@ -163,6 +185,20 @@ def best_per_budget(rows: Sequence[dict], budgets: Iterable[int]) -> list[dict]:
     return out
 
 
+def loop_key(config: EfficientRAGConfig) -> str | None:
+    """What decides a loop run (every option but those acting on the finished pools), or None when a pool option
+    acts inside the loop (``prune_last_hop``): configs with one key share a run (:func:`run_grid` orders the grid
+    so that they come together)."""
+    import json
+
+    from ..pipelines.efficientrag_config import POOL_OPTIONS
+
+    d = config.to_json()
+    if d.get("prune_last_hop"):
+        return None
+    return json.dumps({k: v for k, v in d.items() if k not in POOL_OPTIONS}, sort_keys=True)
+
+
 def direct_r_curve(retriever, questions: Sequence[str], gold: Sequence[Sequence[str]], k_max: int) -> list[dict]:
     """Direct-R's recall at k = 1..k_max (each question's top k) on the same questions and retriever."""
     hits = retriever.search(list(questions), k_max)
@@ -175,14 +211,16 @@ def direct_r_curve(retriever, questions: Sequence[str], gold: Sequence[Sequence[
 def run_grid(loop, texts: Sequence[str], gold: Sequence[Sequence[str]], grid: Sequence[dict[str, Any]],
              output: str | Path, setup: dict[str, Any], *, grid_spec: Sequence[str] = (), chunk_budget: float | None = None,
              batch_size: int = 64, curve_max: int = 10, direct_k_max: int = 30,
-             show_progress: bool = True) -> dict[str, Any]:
+             show_progress: bool = True, ids: Sequence[str] | None = None) -> dict[str, Any]:
     """Run every config of ``grid`` (changes to ``loop.config``) on ``texts`` and write the tuning folder.
 
     ``output`` gets ``results.jsonl`` (one row per finished config, resumed on a rerun when its
     ``setup`` matches), ``tune_config.json`` (the setup and every grid run into the folder),
     ``best.json`` (highest recall within ``chunk_budget`` average chunks: an ``--er-config``),
     ``curve.json`` (best config per budget 1..``curve_max`` next to Direct-R at k = 1..``direct_k_max``)
-    and ``table.md``. The loop's retriever and models are wrapped in caches for the whole grid.
+    and ``table.md``. The loop's retriever and models are wrapped in caches for the whole grid. With ``ids``
+    (the questions' ids) each row also keeps every question's gold positions (``per_question``), which
+    :mod:`.crossfit` needs.
     Returns ``{"rows", "best", "direct", "table"}``.
     """
     import json
@@ -190,7 +228,7 @@ def run_grid(loop, texts: Sequence[str], gold: Sequence[Sequence[str]], grid: Se
 
     from tqdm.auto import tqdm
 
-    from .jsonl import ResultLog
+    from ..jsonl import ResultLog
 
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
@@ -199,6 +237,8 @@ def run_grid(loop, texts: Sequence[str], gold: Sequence[Sequence[str]], grid: Se
         loop.retriever = CachedRetriever(loop.retriever)
     if not isinstance(loop.labeler, CachedModel):
         loop.labeler, loop.filter = CachedModel(loop.labeler, pairs=True), CachedModel(loop.filter, pairs=False)
+    if loop.ranker is not None and not isinstance(loop.ranker, CachedModel):
+        loop.ranker = CachedModel(loop.ranker, pairs=True)
     cfg_path = out / "tune_config.json"  # every grid run into this folder (results.jsonl holds them all)
     grids = json.loads(cfg_path.read_text()).get("grids", []) if cfg_path.is_file() else []
     grids += [list(grid_spec)] if grid_spec and list(grid_spec) not in grids else []
@@ -206,15 +246,22 @@ def run_grid(loop, texts: Sequence[str], gold: Sequence[Sequence[str]], grid: Se
     config_key = lambda row: json.dumps(row["config"], sort_keys=True)  # noqa: E731
     try:
         with ResultLog(out / "results.jsonl", config_key, where=lambda row: row["setup"] == setup) as log:
+            shared: tuple[str | None, list] = (None, [])  # (loop key, states): the last loop run, re-ranked
+            grid = sorted(grid, key=lambda ch: loop_key(base.replace(**ch)) or "")  # one loop run per key
             for changes in tqdm(grid, desc="grid", unit="config", disable=not show_progress):
                 cfg = base.replace(**changes)
                 if json.dumps(cfg.to_json(), sort_keys=True) in log:
                     continue
                 loop.config = cfg
                 t0 = time.perf_counter()
-                results = [r for i in range(0, len(texts), batch_size) for r in loop.run(list(texts[i: i + batch_size]))]
+                key = loop_key(cfg)
+                if key is None or key != shared[0]:
+                    states = [s for i in range(0, len(texts), batch_size)
+                              for s in loop.run_states(list(texts[i: i + batch_size]))]
+                    shared = (key, states)
+                results = loop.rank_pools(shared[1], cfg)
                 log.append({"config": cfg.to_json(), "changes": changes, "setup": setup,
-                            **score_results(results, gold, curve_max), "seconds": time.perf_counter() - t0})
+                            **score_results(results, gold, curve_max, ids=ids), "seconds": time.perf_counter() - t0})
             rows = sorted(log.rows.values(), key=lambda r: (-r["recall"], r["avg_chunks"]))
     finally:
         loop.config = base
@@ -237,7 +284,7 @@ def tuning_report(rows: Sequence[dict], best: dict | None, direct: Sequence[dict
     """``table.md``: every config ranked (Pareto front marked), the best within the budget, the recall curve."""
     import json
 
-    from .evaluation.report import md_table
+    from ..evaluation.report import md_table
 
     names = sorted({k for r in rows for k in r["changes"]})
     front = pareto(rows)

@@ -1,0 +1,83 @@
+"""A trained EfficientRAG system opened from one path: its models, its loop config and the retriever it was tuned for.
+
+A system folder (what ``bash scripts/train_efficientrag.sh all`` writes, and what ``effrag/pretrained/`` ships)::
+
+    labeler/  filter/  [ranker/]     checkpoints
+    loop.json                        the general loop config, tuned jointly over the dev files
+    loop-<dataset>.json              optional per-dataset configs
+
+Every loop config file records the retriever it was tuned for (``"retriever": "hybrid"``), because its
+options were chosen over that retriever's candidates. :func:`open_system` resolves a folder or a shipped
+name (``efficientrag-all``) into paths; ``effrag eval --method efficientrag``, ``EfficientRAG.from_pretrained``
+and ``effrag serve`` all go through it, so they pick the same files and the same retriever.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GENERAL_CONFIG = "loop.json"
+DEFAULT_SYSTEM = "efficientrag-all"
+
+
+@dataclass(frozen=True)
+class SystemFiles:
+    """The files of one system: checkpoints, the loop config chosen, and the retriever that config names."""
+
+    root: Path
+    labeler: Path
+    filter: Path
+    ranker: Path | None
+    config: Path | None
+    retriever: str | None
+
+    def describe(self) -> dict[str, Any]:
+        return {"labeler": str(self.labeler), "filter": str(self.filter),
+                "ranker": str(self.ranker) if self.ranker else None,
+                "config": str(self.config) if self.config else None, "retriever": self.retriever}
+
+
+def system_root(model: str | Path) -> Path:
+    """A system folder, or the folder of a shipped system named ``model``."""
+    from effrag.pretrained import NAMES, pretrained_path
+
+    if str(model) in NAMES:
+        return pretrained_path(str(model))
+    root = Path(model)
+    if not (root / "labeler").is_dir() or not (root / "filter").is_dir():
+        raise FileNotFoundError(f"{root}: not an EfficientRAG system folder (needs labeler/ and filter/; shipped "
+                                f"systems: {', '.join(NAMES)})")
+    return root
+
+
+def config_retriever(config: str | Path | dict | None) -> str | None:
+    """The retriever a loop config file (or its parsed JSON) was tuned for, if it records one."""
+    if config is None:
+        return None
+    if not isinstance(config, dict):
+        path = Path(config)
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read EfficientRAG config {path}: {e}") from None
+    if not isinstance(config, dict):
+        return None
+    kind = config.get("retriever") or (config.get("setup") or {}).get("retriever")
+    return str(kind) if kind else None
+
+
+def open_system(model: str | Path = DEFAULT_SYSTEM, config: str | Path | None = None,
+                dataset: str | None = None) -> SystemFiles:
+    """The files of system ``model``: ``config`` if given, else ``loop-<dataset>.json`` when ``dataset`` is given
+    and the system has one, else the general ``loop.json`` (if the system has it)."""
+    root = system_root(model)
+    chosen = Path(config) if config is not None else None
+    if chosen is None and dataset and (root / f"loop-{dataset}.json").is_file():
+        chosen = root / f"loop-{dataset}.json"
+    if chosen is None and (root / GENERAL_CONFIG).is_file():
+        chosen = root / GENERAL_CONFIG
+    ranker = root / "ranker" if (root / "ranker").is_dir() else None
+    return SystemFiles(root=root, labeler=root / "labeler", filter=root / "filter", ranker=ranker, config=chosen,
+                       retriever=config_retriever(chosen))

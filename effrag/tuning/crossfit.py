@@ -1,0 +1,150 @@
+"""Cross-fitted figures: a setting chosen on some questions is scored only on others.
+
+A tuning folder's rows (:func:`effrag.tuning.run_grid`) hold, per config, every question's gold positions
+in the ranked pool (``per_question``), so that any cut of the pool can be scored on any subset of the
+questions without rerunning the loop. "At most ``b`` chunks" cuts every question's pool at ``b``
+(``max_candidates = b``): a per-question bound, not an average.
+
+A config is chosen for a set of chunk budgets (the project's bars: 7 and 10) by its mean recall over them,
+and over the datasets when several are given (``loop.json``: one config for every dataset). The config
+ships with ``max_candidates`` = the largest budget; its pool cut at a smaller budget is the same config with
+a smaller ``max_candidates``.
+
+:func:`crossfit` splits the questions into ``k`` folds (a seeded shuffle of their ids, so a file's order
+does not decide them), chooses on the other ``k - 1`` folds, scores the held-out fold, and pools the held-out
+scores: what the tuning protocol gives on questions it never saw. :func:`choose` is the same choice on every
+question given (the config to ship; its card says which questions chose it).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Iterable, Mapping, Sequence
+
+CAPS = tuple(range(1, 11))
+
+
+def config_key(config: Mapping[str, Any]) -> str:
+    """A config as one string, its cap left out (rows of several tuning folders match on it)."""
+    return json.dumps({k: v for k, v in config.items() if k != "max_candidates"}, sort_keys=True)
+
+
+def folds(ids: Sequence[str], k: int, seed: int = 0) -> dict[str, int]:
+    """Question id -> fold in ``0..k-1``: sizes differ by at most one, order by a seeded hash of the id."""
+    if k < 2:
+        raise ValueError(f"cross-fitting needs at least 2 folds, got {k}")
+    order = sorted(dict.fromkeys(ids), key=lambda q: hashlib.sha256(f"{seed}:{q}".encode()).hexdigest())
+    return {q: i % k for i, q in enumerate(order)}
+
+
+def _cut(pq: list, cap: int) -> tuple[float, float]:
+    """(recall, chunks) of one question's pool cut at ``cap``."""
+    _, n_gold, at, size = pq[:4]
+    found = sum(1 for p in at if p <= cap)
+    return (found / n_gold if n_gold else 1.0), float(min(cap, size))
+
+
+class Candidates:
+    """One dataset's configs (tuning rows), each scored at every cut of its pool on each question."""
+
+    def __init__(self, rows: Iterable[dict], caps: Sequence[int] = CAPS):
+        self.caps = list(caps)
+        self.rows: dict[str, dict] = {}
+        for r in rows:
+            if "per_question" not in r:
+                raise ValueError("a tuning row without per_question scores (rerun the grid to cross-fit it)")
+            cap = r["config"].get("max_candidates")  # a capped run config is another pool than the uncapped one
+            self.rows.setdefault(config_key(r["config"]) + (f"|cap{cap}" if cap is not None else ""), r)
+        if not self.rows:
+            raise ValueError("no tuning rows")
+        self.ids = [pq[0] for pq in next(iter(self.rows.values()))["per_question"]]
+        self.scores: dict[str, dict[int, list[tuple[float, float]]]] = {}
+        self.cost: dict[str, list[list[float]]] = {}  # each question's forwards: what the loop read for it
+        for key, r in self.rows.items():
+            by_id = {pq[0]: pq for pq in r["per_question"]}
+            if set(by_id) != set(self.ids):
+                raise ValueError("tuning rows of one folder score different questions")
+            own = r["config"].get("max_candidates")
+            self.scores[key] = {c: [_cut(by_id[q], c if own is None else min(c, own)) for q in self.ids]
+                                for c in self.caps}
+            self.cost[key] = [list(by_id[q][4]) if len(by_id[q]) > 4 else [0, 0, 0] for q in self.ids]
+
+    def mean(self, key: str, cap: int, members: Sequence[int]) -> tuple[float, float]:
+        s = self.scores[key][cap]
+        return sum(s[i][0] for i in members) / len(members), sum(s[i][1] for i in members) / len(members)
+
+    def config(self, key: str, cap: int) -> dict:
+        own = self.rows[key]["config"].get("max_candidates")
+        return {**self.rows[key]["config"], "max_candidates": cap if own is None else min(cap, own)}
+
+
+def _best(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]], budgets: Sequence[int]) -> str:
+    """The config with the best recall averaged over ``budgets`` and datasets; fewer chunks, then the config's
+    key, break ties (deterministic)."""
+    bad = [b for b in budgets if b not in next(iter(cands.values())).caps]
+    if bad:
+        raise ValueError(f"budgets {bad} are not among the scored caps")
+    shared = sorted(set.intersection(*(set(c.rows) for c in cands.values())))
+    if not shared:
+        raise ValueError(f"no config is shared by the tuning rows of {sorted(cands)}")
+
+    def score(key: str) -> tuple[float, float]:
+        rec, ch = zip(*(cands[d].mean(key, b, members[d]) for d in cands for b in budgets))
+        return round(sum(rec) / len(rec), 12), -sum(ch) / len(ch)
+
+    best, best_score = None, None
+    for key in shared:  # sorted: on a tie the first key stays
+        sc = score(key)
+        if best_score is None or sc > best_score:
+            best, best_score = key, sc
+    return best
+
+
+def crossfit(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[int] = (7, 10), k: int = 5,
+             seed: int = 0, caps: Sequence[int] = CAPS, exclude: Iterable[str] = ()) -> dict[str, Any]:
+    """Cross-fitted recall of the tuning protocol at each budget, and the held-out curve of the chosen configs.
+
+    ``rows_by_dataset``: one tuning folder's rows per dataset (one dataset = per-dataset configs; several =
+    one joint config). ``exclude``: question ids left out of every fold (e.g. questions the quickstart shows).
+    Returns ``{"budgets", "k", "seed", "datasets": {name: {"recall": {b: r}, "avg_chunks": {b: c}, "curve":
+    [[cap, recall, chunks], ...], "n", "forwards"}}, "folds": [{"fold", "config", "chosen_on", "scored_on"}]}``;
+    each fold's config was chosen on the other folds (of every dataset). ``forwards`` is the held-out
+    questions' mean reading cost, [Labeler pairs, ranker pairs, Filter inputs].
+    """
+    cands = {d: Candidates(rows, caps) for d, rows in rows_by_dataset.items()}
+    skip = set(exclude)
+    fold_of = {d: folds([q for q in c.ids if q not in skip], k, seed) for d, c in cands.items()}
+    held: dict[str, dict[int, list[tuple[float, float]]]] = {d: {c: [] for c in caps} for d in cands}
+    read: dict[str, list[list[float]]] = {d: [] for d in cands}
+    chosen = []
+    for f in range(k):
+        train = {d: [i for i, q in enumerate(c.ids) if q in fold_of[d] and fold_of[d][q] != f] for d, c in cands.items()}
+        test = {d: [i for i, q in enumerate(c.ids) if q in fold_of[d] and fold_of[d][q] == f] for d, c in cands.items()}
+        key = _best(cands, train, budgets)
+        chosen.append({"fold": f, "config": next(iter(cands.values())).config(key, max(budgets)),
+                       "chosen_on": {d: len(v) for d, v in train.items()},
+                       "scored_on": {d: len(v) for d, v in test.items()}})
+        for d, c in cands.items():
+            for cap in caps:
+                held[d][cap] += [c.scores[key][cap][i] for i in test[d]]
+            read[d] += [c.cost[key][i] for i in test[d]]
+    out = {}
+    for d, by_cap in held.items():
+        n = len(read[d])
+        curve = [[cap, sum(r for r, _ in v) / n, sum(ch for _, ch in v) / n] for cap, v in by_cap.items()]
+        at = {cap: (r, ch) for cap, r, ch in curve}
+        out[d] = {"recall": {b: at[b][0] for b in budgets}, "avg_chunks": {b: at[b][1] for b in budgets},
+                  "curve": curve, "n": n, "forwards": [sum(x[j] for x in read[d]) / n for j in range(3)]}
+    return {"budgets": list(budgets), "k": k, "seed": seed, "datasets": out, "folds": chosen}
+
+
+def choose(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[int] = (7, 10),
+           caps: Sequence[int] = CAPS, exclude: Iterable[str] = ()) -> dict[str, Any]:
+    """The config chosen on every question but ``exclude`` (to ship), with its in-sample recall (not held out)."""
+    cands = {d: Candidates(rows, caps) for d, rows in rows_by_dataset.items()}
+    skip = set(exclude)
+    members = {d: [i for i, q in enumerate(c.ids) if q not in skip] for d, c in cands.items()}
+    key = _best(cands, members, budgets)
+    return {"config": next(iter(cands.values())).config(key, max(budgets)),
+            "chosen_on": {d: len(m) for d, m in members.items()},
+            "in_sample": {d: {b: cands[d].mean(key, b, members[d])[0] for b in budgets} for d in cands}}

@@ -1,0 +1,89 @@
+"""The loop configs a system ships, chosen from tuning folders, with their cross-fitted figures beside them.
+
+:func:`write_loop_configs` reads one tuning folder per dev file (the same grid, ``per_question`` rows) and
+writes into a system folder ``loop-<dataset>.json`` (chosen on that dataset's dev questions) and ``loop.json``
+(one config chosen jointly on all of them: what a user with their own corpus and no dev file gets). Each
+file records the retriever it was tuned for, which questions chose it, and the cross-fitted recall of the
+same protocol (:mod:`.crossfit`): the figure to quote, never the in-sample one.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from .crossfit import choose, crossfit
+
+
+def read_rows(folder: str | Path) -> list[dict]:
+    """The rows of a tuning folder's ``results.jsonl``; rows without per-question scores are refused."""
+    from ..jsonl import numbered_jsonl
+
+    path = Path(folder) / "results.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no tuning results (run scripts/tune_efficientrag.py --output {folder})")
+    rows = [row for _, row in numbered_jsonl(path)]
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return rows
+
+
+def portable_setup(setup: Mapping[str, Any]) -> dict[str, Any]:
+    """A tuning setup without machine paths: data files as ``<dataset>/<split>.jsonl``, model folders by name."""
+    out = dict(setup)
+    for key in ("questions",):
+        if out.get(key):
+            out[key] = "/".join(Path(out[key]).parts[-2:])
+    for key in ("labeler", "filter", "ranker"):
+        if out.get(key):
+            out[key] = Path(out[key]).name
+    return out
+
+
+def _describe(res: Mapping[str, Any], dataset: str) -> dict[str, Any]:
+    d = res["datasets"][dataset]
+    return {"recall": {str(b): round(r, 4) for b, r in d["recall"].items()}, "n": d["n"],
+            "forwards": [round(x, 2) for x in d["forwards"]], "folds": res["k"], "seed": res["seed"]}
+
+
+def write_loop_configs(tunes: Mapping[str, str | Path], system: str | Path, *, budgets: Sequence[int] = (7, 10),
+                       k: int = 5, seed: int = 0, exclude: Iterable[str] = ()) -> dict[str, Any]:
+    """Choose and write ``loop-<dataset>.json`` and ``loop.json`` into ``system``; returns every figure.
+
+    ``exclude``: question ids that choose nothing and are scored in no fold (the quickstart's bundled
+    questions, so that what it shows was never used to choose a setting).
+    """
+    rows = {d: read_rows(f) for d, f in tunes.items()}
+    skip = sorted(set(exclude))
+    setups = {d: r[0]["setup"] for d, r in rows.items()}
+    kinds = {s.get("retriever") for s in setups.values()}
+    if len(kinds) != 1:
+        raise ValueError(f"the tuning folders used different retrievers {sorted(map(str, kinds))}: one system, one retriever")
+    retriever = kinds.pop()
+    out = Path(system)
+    report: dict[str, Any] = {"budgets": list(budgets), "k": k, "seed": seed, "retriever": retriever,
+                              "excluded": len(skip), "per_dataset": {}, "general": {}}
+    for d, r in rows.items():
+        held = crossfit({d: r}, budgets, k=k, seed=seed, exclude=skip)
+        pick = choose({d: r}, budgets, exclude=skip)
+        report["per_dataset"][d] = {"crossfit": held, "chosen": pick}
+        _write(out / f"loop-{d}.json", pick, retriever, {d: _describe(held, d)},
+               f"{d} dev questions but the bundled sample's", portable_setup(setups[d]))
+    held = crossfit(rows, budgets, k=k, seed=seed, exclude=skip)
+    pick = choose(rows, budgets, exclude=skip)
+    report["general"] = {"crossfit": held, "chosen": pick}
+    _write(out / "loop.json", pick, retriever, {d: _describe(held, d) for d in rows},
+           f"the dev questions of {', '.join(rows)} jointly (mean recall), but the bundled sample's",
+           {d: portable_setup(s) for d, s in setups.items()})
+    return report
+
+
+def _write(path: Path, pick: Mapping[str, Any], retriever: str, crossfitted: Mapping[str, Any], chosen_on: str,
+           setup: Any) -> None:
+    path.write_text(json.dumps({
+        "config": pick["config"], "retriever": retriever,
+        "chosen_on": {"questions": chosen_on, "n": pick["chosen_on"]},
+        "crossfit": crossfitted,
+        "in_sample_recall": {d: {str(b): round(v, 4) for b, v in r.items()} for d, r in pick["in_sample"].items()},
+        "setup": setup,
+    }, indent=2) + "\n")

@@ -1,0 +1,95 @@
+"""Cross-fitting (effrag.tuning.crossfit): no question is scored by a config chosen on it."""
+from __future__ import annotations
+
+import pytest
+
+from effrag.tuning.crossfit import choose, config_key, crossfit, folds
+
+
+def _row(name: str, gold_at: dict[str, list[int]], size: int = 10, cap=None, cost=(0, 0, 0)) -> dict:
+    """A tuning row whose pool has each question's gold (2 per question) at the given 1-based positions."""
+    return {"config": {"name": name, "max_candidates": cap},
+            "per_question": [[q, 2, at, size, list(cost)] for q, at in gold_at.items()]}
+
+
+IDS = [f"q{i}" for i in range(20)]
+
+
+def test_folds_are_balanced_deterministic_and_independent_of_order():
+    f = folds(IDS, 5)
+    assert sorted(f) == sorted(IDS) and sorted(f.values()).count(0) == 4
+    assert folds(list(reversed(IDS)), 5) == f
+    assert folds(IDS, 5, seed=1) != f
+    with pytest.raises(ValueError, match="at least 2 folds"):
+        folds(IDS, 1)
+
+
+def test_each_fold_is_scored_with_a_config_chosen_on_the_other_folds():
+    fold = folds(IDS, 4)
+    a = _row("a", {q: ([1, 2] if fold[q] != 3 else []) for q in IDS})  # perfect except on fold 3
+    b = _row("b", {q: [1] for q in IDS})  # one gold of two everywhere
+    res = crossfit({"d": [a, b]}, budgets=[7], k=4)
+    assert {f["config"]["name"] for f in res["folds"]} == {"a"}  # a wins on every 3 folds out of 4
+    assert res["datasets"]["d"]["recall"] == {7: pytest.approx(15 / 20)}  # fold 3 scores 0 held out
+    assert all(f["chosen_on"]["d"] == 15 and f["scored_on"]["d"] == 5 for f in res["folds"])
+    assert all(f["config"]["max_candidates"] == 7 for f in res["folds"])
+    assert choose({"d": [a, b]}, budgets=[7])["config"]["name"] == "a"
+
+
+def test_cross_fitting_exposes_a_choice_that_overfits():
+    # each of 20 configs finds both gold of one question only; "steady" finds one gold of every question
+    rows = [_row(f"c{i:02d}", {q: ([1, 2] if q == IDS[i] else []) for q in IDS}) for i in range(20)]
+    rows.append(_row("steady", {q: [3] for q in IDS}))
+    res = crossfit({"d": rows}, budgets=[7], k=5)
+    assert res["datasets"]["d"]["recall"][7] == pytest.approx(0.5)
+    assert {f["config"]["name"] for f in res["folds"]} == {"steady"}
+
+
+def test_budgets_cut_every_question_and_the_held_out_curve():
+    row = _row("a", {q: [1, 9] for q in IDS})
+    d = crossfit({"d": [row]}, budgets=[7, 10], k=2)["datasets"]["d"]
+    assert d["recall"] == {7: 0.5, 10: 1.0} and d["avg_chunks"] == {7: 7.0, 10: 10.0} and d["n"] == 20
+    assert [r for _, r, _ in d["curve"]] == [0.5] * 8 + [1.0, 1.0]
+
+
+def test_one_config_for_several_budgets_by_mean_recall():
+    early = _row("early", {q: [1] for q in IDS})  # 0.5 at 7 and at 10
+    late = _row("late", {q: [8, 9] for q in IDS})  # 0 at 7, 1 at 10
+    assert choose({"d": [early, late]}, budgets=[7])["config"]["name"] == "early"
+    assert choose({"d": [early, late]}, budgets=[10])["config"]["name"] == "late"
+    assert choose({"d": [early, late]}, budgets=[7, 10])["config"]["name"] == "early"  # a tie: fewer chunks
+
+
+def test_a_capped_run_config_keeps_its_cap():
+    capped = _row("a", {q: [1, 2] for q in IDS}, size=5, cap=5)
+    pick = choose({"d": [capped]}, budgets=[7, 10])
+    assert pick["config"]["max_candidates"] == 5 and pick["in_sample"]["d"] == {7: 1.0, 10: 1.0}
+
+
+def test_joint_choice_averages_datasets_and_excluded_questions_never_choose():
+    ids2 = [f"r{i}" for i in range(10)]
+    d1 = [_row("a", {q: [1, 2] for q in IDS}), _row("b", {q: [1] for q in IDS})]
+    d2 = [_row("a", {q: [] for q in ids2}), _row("b", {q: [1, 2] for q in ids2})]
+    assert choose({"d1": d1, "d2": d2}, budgets=[7])["config"]["name"] == "b"
+    assert choose({"d1": d1}, budgets=[7])["config"]["name"] == "a"
+    assert choose({"d1": d1}, budgets=[7], exclude=IDS[:10])["chosen_on"] == {"d1": 10}
+    res = crossfit({"d1": d1, "d2": d2}, budgets=[7], k=2, exclude=IDS[:4])
+    assert res["datasets"]["d1"]["n"] == 16 and res["datasets"]["d2"]["n"] == 10
+    assert all(f["chosen_on"]["d1"] == 8 for f in res["folds"])
+
+
+def test_held_out_reading_cost_is_the_chosen_configs():
+    cheap = _row("cheap", {q: [1] for q in IDS}, cost=(3, 20, 1))
+    dear = _row("dear", {q: [1, 2] for q in IDS}, cost=(30, 0, 2))
+    res = crossfit({"d": [cheap, dear]}, budgets=[7], k=4)["datasets"]["d"]
+    assert res["recall"][7] == 1.0 and res["forwards"] == [30, 0, 2]
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="per_question"):
+        crossfit({"d": [{"config": {"max_candidates": None}}]})
+    with pytest.raises(ValueError, match="not among the scored caps"):
+        crossfit({"d": [_row("a", {q: [1] for q in IDS})]}, budgets=[20])
+    with pytest.raises(ValueError, match="no config is shared"):
+        choose({"d1": [_row("a", {q: [1] for q in IDS})], "d2": [_row("b", {q: [1] for q in IDS})]})
+    assert config_key({"a": 1, "max_candidates": 3}) == config_key({"max_candidates": None, "a": 1})

@@ -1,0 +1,231 @@
+"""The pool ranker: its model, its training groups and task, and its place in EfficientRAG's loop.
+
+Real tiny models (tests/conftest.py ``tiny_efficientrag_dirs``) and real BM25 over the bundled HotpotQA sample.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from effrag.data import Corpus, load_questions, sample_path
+from effrag.models import FilterModel, LabelerModel, RankerModel, load_model
+from effrag.models.ranker import listwise_loss
+from effrag.models.tokenization import IGNORE
+from effrag.pipelines.efficientrag import EfficientRAGConfig, EfficientRAGLoop
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def hotpot():
+    return load_questions(sample_path("hotpotqa", "dev"))[:30]
+
+
+@pytest.fixture(scope="module")
+def retriever(hotpot):
+    from effrag.retrieval import build_retriever
+
+    return build_retriever("bm25", Corpus.from_questions(hotpot), show_progress=False)
+
+
+@pytest.fixture(scope="module")
+def models(tiny_efficientrag_dirs):
+    d = tiny_efficientrag_dirs
+    return (LabelerModel.from_pretrained(d["labeler"]).eval(), FilterModel.from_pretrained(d["filter"]).eval(),
+            RankerModel.from_pretrained(d["ranker"]).eval())
+
+
+class Counting:
+    """A real model whose ``predict`` calls are counted (pairs read)."""
+
+    def __init__(self, model):
+        self.model, self.pairs = model, 0
+
+    def predict(self, *args, **kw):
+        self.pairs += len(args[0])
+        return self.model.predict(*args, **kw)
+
+
+# ---------------------------------------------------------------------- the model
+def test_listwise_loss_is_minus_log_softmax_mass_on_gold():
+    scores = torch.tensor([2.0, 0.0, 0.0, 1.0, 1.0, 5.0, 9.0])
+    group = torch.tensor([0, 0, 0, 1, 1, 2, 2])
+    label = torch.tensor([1, 0, 0, 1, 1, 0, IGNORE])  # group 1 is all gold, group 2 has no gold: both skipped
+    expected = -torch.log_softmax(torch.tensor([2.0, 0.0, 0.0]), 0)[0]
+    assert listwise_loss(scores, group, label).item() == pytest.approx(expected.item())
+    two_gold = listwise_loss(torch.tensor([1.0, 1.0, 1.0]), torch.zeros(3, dtype=torch.long), torch.tensor([1, 1, 0]))
+    assert two_gold.item() == pytest.approx(-math.log(2 / 3))
+
+
+def test_ranker_saves_loads_and_scores_pairs(tiny_efficientrag_dirs, models, hotpot, tmp_path):
+    ranker = models[2]
+    q = hotpot[0]
+    chunks = [p.text.split() for p in q.contexts[:4]]
+    scores = ranker.predict([q.question] * 4, chunks, batch_size=3)
+    assert len(scores) == 4 and len(set(scores)) == 4
+    assert ranker.predict([q.question], chunks[:1])[0] == pytest.approx(scores[0], abs=1e-4)  # batch-independent
+    again = load_model(tiny_efficientrag_dirs["ranker"])
+    assert isinstance(again, RankerModel) and again.predict([q.question] * 4, chunks) == pytest.approx(scores, abs=1e-5)
+    with pytest.raises(ValueError, match="2 queries for 1 chunks"):
+        ranker.predict([q.question] * 2, chunks[:1])
+
+
+# ---------------------------------------------------------------------- the loop
+def _loop(models, retriever, ranker=True, **cfg):
+    lab, fil, rank = models
+    counted = {"labeler": Counting(lab), "ranker": Counting(rank) if ranker else None}
+    config = EfficientRAGConfig(**{"hop_k": 4, "first_hop_k": 8, "max_hops": 2, "tag_threshold": 0.0,
+                                   "pool_source": "seen", "pool_order": "rank", **cfg})
+    return EfficientRAGLoop(counted["labeler"], fil, retriever, config, ranker=counted["ranker"]), counted
+
+
+def _relevance(c, weight):
+    return c.rank_score - weight * math.log1p(c.retrieval_rank)
+
+
+def test_rank_order_is_ranker_logit_minus_weighted_log_rank(models, retriever, hotpot):
+    qs = [q.question for q in hotpot[:4]]
+    for weight in (0.0, 3.0):
+        loop, _ = _loop(models, retriever, retrieval_weight=weight)
+        for r in loop.run(qs):
+            assert len(r.chunks) >= 8 and all(c.rank_score is not None and c.retrieval_rank is not None for c in r)
+            keys = [_relevance(c, weight) for c in r.chunks]
+            assert keys == sorted(keys, reverse=True)
+            logged = {c["id"]: c["rank_score"] for e in r.trace for c in e["chunks"]}
+            assert all(logged[c.id] == pytest.approx(c.rank_score, abs=1e-4) for c in r)
+    hop0 = [c for c in loop.run(qs[:1])[0].chunks if c.hop == 0]
+    assert sorted(c.retrieval_rank for c in hop0) == list(range(8))  # the question's hits, in rank order
+
+
+def test_without_a_ranker_rank_order_uses_the_labelers_log_odds(models, retriever, hotpot):
+    loop, _ = _loop(models, retriever, ranker=False)
+    r = loop.run([hotpot[0].question])[0]
+    assert all(c.rank_score is None for c in r)
+    p = [min(max(c.score, 1e-6), 1 - 1e-6) for c in r.chunks]  # the loop's log-odds are clamped there
+    keys = [math.log(x / (1 - x)) - math.log1p(c.retrieval_rank) for x, c in zip(p, r.chunks)]
+    assert keys == pytest.approx(sorted(keys, reverse=True))
+
+
+def test_labeler_top_reads_only_the_best_ranked_new_chunks(models, retriever, hotpot):
+    qs = [q.question for q in hotpot[:3]]
+    full, n_full = _loop(models, retriever)
+    top, n_top = _loop(models, retriever, labeler_top=2)
+    res_full, res_top = full.run(qs), top.run(qs)
+    assert n_top["ranker"].pairs == n_full["ranker"].pairs  # the ranker still reads every new chunk
+    hops = sum(len(r.trace) for r in res_top)
+    assert n_top["labeler"].pairs == 2 * hops < n_full["labeler"].pairs
+    for r in res_top:
+        for e in r.trace:
+            read = [c for c in e["chunks"] if c["p_continue"] is not None]
+            unread = [c for c in e["chunks"] if c["p_continue"] is None]
+            assert len(read) == 2 and all(c["tag"] is None and c["kept"] == "" for c in unread)
+            assert min(c["rank_score"] for c in read) >= max((c["rank_score"] for c in unread), default=-1e9)
+    # hop 0 is the same retrieval and the same ranker scores in both runs
+    assert [c["id"] for c in res_top[0].trace[0]["chunks"]] == [c["id"] for c in res_full[0].trace[0]["chunks"]]
+
+
+def test_labeler_top_needs_a_ranker_and_results_do_not_depend_on_batch_mates(models, retriever, hotpot):
+    loop, _ = _loop(models, retriever, ranker=False, labeler_top=2)
+    with pytest.raises(ValueError, match="needs a pool ranker"):
+        loop.run(["q"])
+    loop, _ = _loop(models, retriever, labeler_top=3)
+    qs = [q.question for q in hotpot[:4]]
+    together = loop.run(qs)
+    alone = [loop.run([q])[0] for q in qs]
+    for a, b in zip(together, alone):
+        assert a.ids == b.ids
+        assert [c.rank_score for c in a] == pytest.approx([c.rank_score for c in b], abs=1e-4)
+
+
+def test_pipeline_and_eval_flags_take_a_ranker(tiny_efficientrag_dirs, retriever, hotpot, tmp_path):
+    from effrag.pipelines import build_pipeline
+
+    d = tiny_efficientrag_dirs
+    pipe = build_pipeline("efficientrag", retriever, labeler=str(d["labeler"]), filter=str(d["filter"]),
+                          ranker=str(d["ranker"]), pool_order="rank", pool_source="seen", labeler_top=2,
+                          max_hops=2)
+    r = pipe.run(hotpot[0].question)
+    assert r.chunks and all(c.rank_score is not None for c in r)
+    assert pipe.loop.config.labeler_top == 2
+
+
+# ---------------------------------------------------------------------- training groups and the task
+@pytest.fixture(scope="module")
+def groups_dir(tmp_path_factory):
+    """`effrag synthesize` (annotation, no negatives) then `effrag ranker-data` (BM25) on the HotpotQA train sample."""
+    from effrag.cli import main
+
+    root = tmp_path_factory.mktemp("ranker_data")
+    train = str(sample_path("hotpotqa", "train"))
+    assert main(["synthesize", "--inputs", train, "--output", str(root / "synth"), "--no-negatives",
+                 "--limit", "20", "--quiet"]) == 0
+    args = ["ranker-data", "--synth", str(root / "synth"), "--inputs", train, "--output", str(root / "groups"),
+            "--retriever", "bm25", "--depth", "12", "--negatives", "3", "--quiet"]
+    assert main(args) == 0
+    return root, args
+
+
+def test_ranker_groups_hold_one_gold_against_non_gold_negatives(groups_dir):
+    root, _ = groups_dir
+    groups = [json.loads(x) for x in (root / "groups" / "ranker.jsonl").read_text().splitlines()]
+    info = json.loads((root / "groups" / "ranker_data.json").read_text())
+    questions = {q.id: q for q in load_questions(sample_path("hotpotqa", "train"))}
+    positives = {(r["qid"], r["query"], r["chunk_id"]) for r in
+                 map(json.loads, (root / "synth" / "labeler.jsonl").read_text().splitlines()) if r["tag"] == 1}
+    assert info["groups"] == len(groups) > 20
+    for g in groups:
+        cands = g["candidates"]
+        assert len(cands) == 4 and [c["gold"] for c in cands] == [1, 0, 0, 0]
+        assert (g["qid"], g["query"], cands[0]["chunk_id"]) in positives
+        q = questions[g["qid"]]
+        gold_titles = {p.title for p in q.gold}
+        assert not any(c["chunk_id"] in q.gold_ids or c["title"] in gold_titles for c in cands[1:])
+        assert len({c["chunk_id"] for c in cands}) == 4
+    # two groups per (query, gold), with disjoint negatives
+    pairs: dict = {}
+    for g in groups:
+        pairs.setdefault((g["qid"], g["query"], g["candidates"][0]["chunk_id"]), []).append(
+            {c["chunk_id"] for c in g["candidates"][1:]})
+    assert max(len(v) for v in pairs.values()) == 2
+    assert all(not (v[0] & v[1]) for v in pairs.values() if len(v) == 2)
+
+
+def test_ranker_data_is_deterministic_and_a_finished_output_is_reused(groups_dir, capsys):
+    from effrag.cli import main
+
+    root, args = groups_dir
+    before = (root / "groups" / "ranker.jsonl").read_bytes()
+    assert main([a for a in args if a != "--quiet"]) == 0
+    assert "reused" in capsys.readouterr().out
+    other = [*args[:args.index("--output") + 1], str(root / "again"), *args[args.index("--output") + 2:]]
+    assert main(other) == 0 and (root / "again" / "ranker.jsonl").read_bytes() == before
+
+
+def test_ranker_trains_with_train_py_and_learns_the_groups(groups_dir, tmp_path):
+    from transformers import AutoModel, BertConfig
+
+    from effrag.models.heads import load_tokenizer, resolve_encoder
+    from effrag.training import load_config, train
+
+    root, _ = groups_dir
+    tok = load_tokenizer(resolve_encoder("minilm"))
+    torch.manual_seed(0)
+    base = tmp_path / "base"
+    AutoModel.from_config(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64)).save_pretrained(base)
+    tok.save_pretrained(base)
+    data = str(root / "groups" / "ranker.jsonl")
+    cfg = load_config("ranker", {"model": {"name_or_path": str(base), "max_length": 64},
+                                 "data": {"train_file": data, "eval_files": [data], "max_eval_examples": None},
+                                 "train": {"output_dir": str(tmp_path / "run"), "epochs": 3, "lr": 3e-3,
+                                           "mixed_precision": "no", "save_every": 0, "log_every": 1}})
+    res = train(cfg)
+    log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    losses = [x["train/loss"] for x in log if "train/loss" in x]
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 < math.log(4) + 0.2
+    assert res["eval"]["mrr"] > 0.6 and res["eval"]["n"] > 20  # the training groups, seen 3 times
+    model = load_model(tmp_path / "run" / "last")
+    assert isinstance(model, RankerModel) and model.max_length == 64

@@ -227,7 +227,8 @@ class EncoderWithHeads(nn.Module):
         meta = read_effrag_config(path)
         if meta["model_type"] != cls.model_type:
             raise ValueError(f"{path}/{CONFIG_NAME}: model_type is {meta['model_type']!r}, expected {cls.model_type!r}")
-        verify_files(path, meta.get("files"), verify, what="checkpoint", fix=REDOWNLOAD)
+        verify_files(path, meta.get("files"), verify, what="checkpoint", fix=REDOWNLOAD,
+                     record_hint="load it and save_pretrained it again to record them")
         check_tokenizer_files(path)  # also for checkpoints saved before their hashes were recorded
         config = load_encoder_config(path)
         check_config_fits_weights(path, config)

@@ -125,14 +125,18 @@ def add_index_parser(sub) -> None:
 def _cmd_index_verify(args) -> None:
     from effrag.retrieval.meta import read_meta, record_index, verify_index
 
-    if args.record and read_meta(args.index).get("files") is None:
-        n = record_index(args.index)
-        print(f"{args.index}: recorded the size and sha256 of {n} files in index_meta.json; "
-              "every load checks them from now on")
+    meta = read_meta(args.index)
+    if meta.get("files") is None:
+        if args.record:
+            n = record_index(args.index)
+            print(f"{args.index}: recorded the size and sha256 of {n} files in index_meta.json; "
+                  "every load checks them from now on")
+        else:
+            print(f"{args.index}: no hashes recorded (saved before integrity checks, or removed from index_meta.json): "
+                  "not checked; --record records them")
         return
-    mode = verify_index(args.index, verify="cheap" if args.cheap else "full")
-    print(f"{args.index}: " + ("no hashes recorded (saved before integrity checks): not checked" if mode == "off"
-                               else f"every file matches its recorded size and sha256 ({mode} check)"))
+    mode = verify_index(args.index, meta, verify="cheap" if args.cheap else "full")
+    print(f"{args.index}: every file matches its recorded size and sha256 ({mode} check)")
 
 
 def _add_encode_args(g) -> None:

@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             rest.append(SHORTCUTS.get(key, key) + (eq + val if eq else ""))
         i += 1
+    from effrag.integrity import IntegrityError
     from effrag.training import ConfigError, evaluate_only, load_config, train
     from effrag.training.data import RecordError
 
@@ -68,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             evaluate_only(cfg, eval_dir)
         else:
             train(cfg, overwrite=overwrite)
-    except (ConfigError, RecordError, FileNotFoundError) as e:
-        return error(str(e))
+    except (ConfigError, RecordError, IntegrityError, FileNotFoundError) as e:  # a damaged checkpoint too
+        return error(' '.join(str(e).split()))
     return 0
 
 

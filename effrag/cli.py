@@ -36,13 +36,31 @@ SUBCOMMANDS: list[str] = [
 EXIT_USAGE = 2
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line instead of usage + message
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 from effrag.experiment import (add_corpus_args, add_questions_args, add_retriever_args,  # noqa: E402
                                output_dir, positive_int)
+
+
+class _Formatter(argparse.HelpFormatter):
+    """An option without a metavar shows what it takes (N, X, PATH, NAME) instead of its own name a second time:
+    ``eval --method efficientrag``'s usage line read ``--tag-threshold TAG_THRESHOLD`` for each of its options."""
+
+    def _get_default_metavar_for_optional(self, action) -> str:
+        if action.type in (int, positive_int):
+            return "N"
+        if action.type is float:
+            return "X"
+        if action.type in (Path, output_dir):
+            return "PATH"
+        return "NAME"
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Formatter)  # every subcommand's parser is a _Parser
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):  # one line instead of usage + message
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 # ---------------------------------------------------------------------------- corpus
@@ -72,6 +90,8 @@ def add_index_parser(sub) -> None:
     b.add_argument("--corpus", required=True, metavar="corpus.jsonl")
     add_retriever_args(b, required=True)
     b.add_argument("--output", required=True, metavar="DIR", type=output_dir)
+    b.add_argument("--overwrite", action="store_true",
+                   help="replace the index already in DIR (its files are removed first; other files stay)")
     s = b.add_argument_group("scale (docs/scale.md)")
     s.add_argument("--backend", choices=["faiss", "milvus"], default="faiss",
                    help="where dense vectors live: a FAISS file in DIR (default) or a Milvus collection")
@@ -97,15 +117,27 @@ def add_index_parser(sub) -> None:
     v = isub.add_parser("verify", help="check every file of a saved index against its recorded sha256 (full read)")
     v.add_argument("index", metavar="DIR")
     v.add_argument("--cheap", action="store_true", help="sizes + sampled hashes only (the check done on every load)")
+    v.add_argument("--record", action="store_true",
+                   help="an index without file hashes (older, or removed from index_meta.json): record them now "
+                        "(only for an index you trust: its present files become the reference)")
     v.set_defaults(func=_cmd_index_verify)
 
 
 def _cmd_index_verify(args) -> None:
-    from effrag.retrieval.meta import verify_index
+    from effrag.retrieval.meta import read_meta, record_index, verify_index
 
-    mode = verify_index(args.index, verify="cheap" if args.cheap else "full")
-    print(f"{args.index}: " + ("no hashes recorded (saved before integrity checks): not checked" if mode == "off"
-                               else f"every file matches its recorded size and sha256 ({mode} check)"))
+    meta = read_meta(args.index)
+    if meta.get("files") is None:
+        if args.record:
+            n = record_index(args.index)
+            print(f"{args.index}: recorded the size and sha256 of {n} files in index_meta.json; "
+                  "every load checks them from now on")
+        else:
+            print(f"{args.index}: no hashes recorded (saved before integrity checks, or removed from index_meta.json): "
+                  "not checked; --record records them")
+        return
+    mode = verify_index(args.index, meta, verify="cheap" if args.cheap else "full")
+    print(f"{args.index}: every file matches its recorded size and sha256 ({mode} check)")
 
 
 def _add_encode_args(g) -> None:
@@ -145,11 +177,17 @@ def _cmd_index_build(args) -> None:
     import shutil
 
     from effrag.experiment import open_corpus, open_retriever
+    from effrag.retrieval.meta import META, remove_index
 
     if args.backend == "milvus" and args.retriever != "dense":
         raise ValueError("--backend milvus holds a dense index: use --retriever dense")
-    corpus = open_corpus(args.corpus)
     out = Path(args.output)
+    if (out / META).is_file():  # before the corpus is read: refuse at once
+        if not args.overwrite:
+            raise FileExistsError(f"{out} already holds an index ({META}); --overwrite replaces it, "
+                                  "or choose another --output")
+        remove_index(out)
+    corpus = open_corpus(args.corpus)
     kind = "milvus" if args.backend == "milvus" else args.retriever
     shards = {"cache_dir": out / "emb_shards"} if kind != "bm25" else {}  # a killed build resumes
     retriever = open_retriever(kind, corpus, cache=False, encoder=args.encoder, bf16=args.bf16,

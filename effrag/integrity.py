@@ -29,8 +29,8 @@ environment variable, else ``"cheap"``):
 ``"off"``
     nothing.
 
-Files saved before hashes were recorded carry no record and load unchecked
-(a debug log says so). Unreadable files found while loading (a bad FAISS,
+Files saved before hashes were recorded (or whose records were removed) carry no
+record and load unchecked; a warning says so once per folder and process. Unreadable files found while loading (a bad FAISS,
 safetensors or ``.npy`` header) are a :class:`CorruptFileError` naming the file.
 """
 from __future__ import annotations
@@ -43,6 +43,7 @@ from pathlib import Path
 from .provenance import file_sha256
 
 log = logging.getLogger(__name__)
+_UNVERIFIED_WARNED: set[str] = set()  # folders already warned about, once per process
 
 ENV = "EFFRAG_VERIFY"
 MODES = ("off", "cheap", "full")
@@ -103,18 +104,23 @@ def record_files(directory: str | Path, names) -> dict:
 
 
 def verify_files(directory: str | Path, records: dict | None, verify: str | None = None, *,
-                 what: str = "saved files", fix: str = "rebuild it") -> str:
+                 what: str = "saved files", fix: str = "rebuild it", record_hint: str = "") -> str:
     """Check the files of ``directory`` against ``records`` (from :func:`record_files`); return the mode used.
 
-    ``records`` None (saved before hashes were recorded) skips the check. Raises
-    :class:`IntegrityError` on the first file that is missing or differs.
+    ``records`` None (saved before hashes were recorded, or the records were removed) skips the check
+    with a warning, once per folder (``record_hint``: how to record them). Raises :class:`IntegrityError`
+    on the first file that is missing or differs.
     """
     mode = resolve_mode(verify)
     d = Path(directory)
     if mode == "off":
         return mode
     if records is None:
-        log.debug("%s: no content hashes recorded (saved by an older effrag); %s not verified", d, what)
+        key = str(d.resolve())
+        if key not in _UNVERIFIED_WARNED:
+            _UNVERIFIED_WARNED.add(key)
+            log.warning("%s: no file hashes recorded (saved by an older effrag, or removed): the %s is not "
+                        "verified%s", d, what, f"; {record_hint}" if record_hint else "")
         return "off"
     for name, rec in records.items():
         path = d / name

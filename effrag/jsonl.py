@@ -205,8 +205,13 @@ class ResultLog:
         self.rows: dict[Any, dict[str, Any]] = {}
         self.torn = bool(self.path.is_file() and _truncate_partial_line(self.path))
         if self.path.is_file():
-            with self.path.open(encoding="utf-8") as f:
-                for n, line in enumerate(f, start=1):
+            with self.path.open("rb") as f:
+                for n, raw in enumerate(f, start=1):
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        raise ValueError(f"{self.path}:{n}: not UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                                         f"{e.start + 1}); {hint}") from None
                     if not line.strip():
                         continue
                     try:

@@ -171,3 +171,102 @@ def test_a_bad_loop_option_fails_before_the_corpus_is_read(tmp_path, capsys, mon
     code, _, err = run(["eval", "--method", "efficientrag", "--questions", HOTPOT_DEV, "--corpus-from", HOTPOT_TRAIN,
                         "--retriever", "bm25", "--output", tmp_path / "out"], capsys)
     assert code == 2 and "needs --labeler DIR and --filter DIR" in err
+
+
+# -- issue #40: faults that used to pass silently or without the file's name --------------------------------
+def test_index_build_into_an_index_refuses_and_overwrite_replaces_it(tmp_path, capsys):
+    """§9: a build into a folder holding an index is refused; --overwrite removes that index's own files only."""
+    corpus, idx = _tiny_corpus(tmp_path), tmp_path / "idx"
+    assert run(["index", "build", "--corpus", corpus, "--retriever", "dense", "--output", idx], capsys)[0] == 0
+    (idx / "notes.txt").write_text("mine")
+    meta = (idx / "index_meta.json").read_text()
+    code, _, err = run(["index", "build", "--corpus", corpus, "--retriever", "bm25", "--output", idx], capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        f"effrag: error: {idx} already holds an index (index_meta.json); --overwrite replaces it, or choose another "
+        "--output"]
+    assert (idx / "index_meta.json").read_text() == meta and (idx / "index.faiss").is_file()
+    code, _, err = run(["index", "build", "--corpus", corpus, "--retriever", "bm25", "--output", idx, "--overwrite"],
+                       capsys)
+    assert code == 0, err
+    assert json.loads((idx / "index_meta.json").read_text())["kind"] == "bm25"
+    assert not (idx / "index.faiss").exists() and (idx / "notes.txt").read_text() == "mine"
+    assert run(["index", "verify", idx], capsys)[0] == 0
+
+
+def test_empty_or_blank_question_is_named_by_file_and_line(tmp_path, capsys):
+    """§11: a question that is empty or only whitespace is a malformed record, like a missing field."""
+    lines = HOTPOT_DEV.read_text(encoding="utf-8").splitlines()[:3]
+    row = json.loads(lines[1])
+    row["question"] = " \t "
+    qfile = tmp_path / "dev.jsonl"
+    qfile.write_text("\n".join([lines[0], json.dumps(row), lines[2]]) + "\n", encoding="utf-8")
+    code, _, err = run(["eval", "--questions", qfile, "--corpus-from", qfile, "--retriever", "bm25",
+                        "--output", tmp_path / "out"], capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        f"effrag: error: {qfile}:2: field 'question': empty or only whitespace"]
+
+
+def test_index_without_file_records_warns_once_and_verify_records_them(built, tmp_path, capsys, caplog):
+    """§12: an index whose index_meta.json lost its ``files`` loads with one warning; ``index verify --record``
+    records the files again, after which a changed byte is found."""
+    import shutil
+
+    from effrag.retrieval import load_retriever
+
+    idx = tmp_path / "bm25"
+    shutil.copytree(built / "bm25", idx)
+    meta = json.loads((idx / "index_meta.json").read_text())
+    recorded = meta.pop("files")
+    (idx / "index_meta.json").write_text(json.dumps(meta))
+    with caplog.at_level("WARNING"):
+        load_retriever(idx)
+        load_retriever(idx)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [f"{idx}: no file hashes recorded (saved by an older effrag, or removed): the index is not "
+                        f"verified; `effrag index verify {idx} --record` records them"]
+    code, out, _ = run(["index", "verify", idx], capsys)
+    assert code == 0 and "no hashes recorded" in out and "--record records them" in out
+    code, out, err = run(["index", "verify", idx, "--record"], capsys)
+    assert code == 0 and f"recorded the size and sha256 of {len(recorded)} files" in out, err
+    assert json.loads((idx / "index_meta.json").read_text())["files"] == recorded
+    npy = next(iter(sorted((idx / "bm25").glob("*.npy"))))
+    data = bytearray(npy.read_bytes())
+    data[-8:] = b"\xff" * 8
+    npy.write_bytes(bytes(data))
+    code, _, err = run(["index", "verify", idx], capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        f"effrag: error: {npy}: content differs from what was saved (sha256 mismatch; file corrupted or modified); "
+        "rebuild the index"]
+
+
+def test_a_corrupted_predictions_file_on_resume_is_named(built, tmp_path, capsys):
+    """§13: resuming an eval over a damaged predictions.jsonl or config.json names the file and line."""
+    out = tmp_path / "run"
+    argv = ["eval", "--questions", HOTPOT_DEV, "--index", built / "bm25", "--retriever", "bm25", "--k", 3,
+            "--limit", 3, "--output", out]
+    assert run(argv, capsys)[0] == 0
+    preds = out / "predictions.jsonl"
+    good = preds.read_bytes()
+    lines = good.splitlines(keepends=True)
+    preds.write_bytes(lines[0] + lines[1][:20] + b"\xff" * 16 + lines[1][36:] + b"".join(lines[2:]))
+    code, _, err = run(argv, capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        f"effrag: error: {preds}:2: not UTF-8 (byte 0xff at column 21); delete the file or use another output"]
+    preds.write_bytes(good)
+    config = out / "config.json"
+    config.write_text(config.read_text()[:40])
+    code, _, err = run(argv, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith(f"effrag: error: {config}: unreadable")
+
+
+def test_eval_usage_names_each_option_once(capsys):
+    """§14: ``eval --method efficientrag --help`` printed each loop option's name twice (``--hop-k HOP_K``)."""
+    import re
+
+    code, out, _ = run(["eval", "--method", "efficientrag", "--help"], capsys)
+    usage = out.split("\n\n")[0]
+    assert code == 0 and usage.count("usage:") == 1
+    flags = re.findall(r"\[?(--[\w-]+)", usage)
+    assert len(flags) == len(set(flags)) and "--tag-threshold" in flags
+    assert not [f for f, m in re.findall(r"(--[\w-]+) ([A-Z_]{2,})", usage) if f[2:].upper().replace("-", "_") == m]
+    assert "[--tag-threshold X]" in " ".join(usage.split()) and "[--hop-k N]" in " ".join(usage.split())

@@ -138,7 +138,7 @@ def test_source_over_efficientrag(rag, model_dirs, bm25, questions):
     # per-call thresholds apply to that call only
     src = as_source(rag)
     assert src.method == "efficientrag" and "tag_threshold" in src.options
-    assert all(r.chunks == [] for r in src.retrieve_batch(questions, tag_threshold=1.01))
+    assert all(r.chunks == [] for r in src.retrieve_batch(questions, tag_threshold=1.0))
     everything = src.retrieve(questions[0], tag_threshold=0.0, max_hops=1)
     assert sorted(everything.ids) == sorted(search_ids(bm25, questions[0], 4))  # every hop-0 chunk continues
     assert rag.config.tag_threshold == 0.3 and rag.config.max_hops == 2
@@ -152,7 +152,7 @@ def test_source_over_efficientrag(rag, model_dirs, bm25, questions):
     assert via_pipe[0].chunks[0].kept_words == expected[0][0].kept_words
     assert via_pipe[0].trace["hops"] == expected[0].trace  # the pipeline files the hops beside its generation
     # per-call options reach the pipeline's loop too, for that call only
-    assert all(r.chunks == [] for r in as_source(pipe).retrieve_batch(questions, tag_threshold=1.01))
+    assert all(r.chunks == [] for r in as_source(pipe).retrieve_batch(questions, tag_threshold=1.0))
     assert pipe.config.tag_threshold == 0.3
 
 
@@ -201,7 +201,7 @@ def test_langchain_over_efficientrag_carries_hops_and_kept_words(rag, questions)
     for d, c in zip(docs, expected):
         assert (d.metadata["hop"], d.metadata["kept_words"], d.metadata["score"]) == (c.hop, c.kept_words, c.score)
         assert d.page_content == (c.kept_text or c.text)
-    assert EffragLangChainRetriever.from_effrag(rag, options={"tag_threshold": 1.01}).invoke(questions[0]) == []
+    assert EffragLangChainRetriever.from_effrag(rag, options={"tag_threshold": 1.0}).invoke(questions[0]) == []
     with pytest.raises(ValueError, match="content must be one of"):
         EffragLangChainRetriever.from_effrag(rag, content="summary")
 

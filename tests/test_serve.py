@@ -451,6 +451,11 @@ def test_chunked_body_is_not_read_past_the_cap(bm25):
 
 # ---------------------------------------------------------------------- start-up errors: one line, exit 2
 
+def _loop_file(tmp_path, content) -> Path:
+    (tmp_path / "loop.json").write_text(json.dumps(content))
+    return tmp_path / "loop.json"
+
+
 def start_up_cases(tmp_path) -> dict:
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -460,13 +465,21 @@ def start_up_cases(tmp_path) -> dict:
         "bad index": ({"retriever": {"index": str(empty)}}, [], "is not an effrag index"),
         "bad checkpoint": ({"retriever": {"sample": ["hotpotqa"]}, "method": {
             "name": "efficientrag", "labeler": str(empty), "filter": str(empty)}}, [], "not an effrag model directory"),
+        "loop option wrong type": ({"retriever": {"sample": ["hotpotqa"]}, "method": {
+            "name": "efficientrag", "labeler": str(empty), "filter": str(empty), "options": {"tag_threshold": "high"}}},
+            [], f"{tmp_path / 'serve.yaml'}: method.options.tag_threshold must be a number from 0 to 1, got 'high'"),
+        "loop file out of range": ({"retriever": {"sample": ["hotpotqa"]}, "method": {
+            "name": "efficientrag", "labeler": str(empty), "filter": str(empty),
+            "options": {"config": str(_loop_file(tmp_path, {"config": {"tag_threshold": 7.5}}))}}},
+            [], f"{tmp_path / 'loop.json'}: config.tag_threshold must be a number from 0 to 1, got 7.5"),
         "port 99999": (bm25_config(), ["--port", "99999"], "--port: port must be an integer from 0 to 65535"),
         "bad host": (bm25_config(), ["--host", "256.0.0.1"], "cannot listen on 256.0.0.1"),
     }
 
 
-@pytest.mark.parametrize("case", ["sample typo", "sample escape", "bad index", "bad checkpoint", "port 99999",
-                                  "bad host", "port in use"])
+@pytest.mark.parametrize("case", ["sample typo", "sample escape", "bad index", "bad checkpoint",
+                                  "loop option wrong type", "loop file out of range", "port 99999", "bad host",
+                                  "port in use"])
 def test_start_up_errors_are_one_line(tmp_path, case):
     if case == "port in use":
         busy = socket.socket()

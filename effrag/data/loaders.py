@@ -375,6 +375,8 @@ def load_questions(path: Any, dataset: str | None = None, *, skip_malformed: boo
                 raise DataFormatError(f"{where}: field 'id': duplicate question id {q.id!r} (first at {seen[q.id]})")
             if not q.answers:
                 raise DataFormatError(f"{where}: field 'answer': empty")
+            if not q.question.strip():  # would retrieve nothing and count as recall 0
+                raise DataFormatError(f"{where}: field 'question': empty or only whitespace")
         except DataFormatError as e:
             if not skip_malformed:
                 raise

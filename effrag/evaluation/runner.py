@@ -43,7 +43,11 @@ def _check_resume(out: Path, config: dict) -> None:
     cfg_path = out / "config.json"
     if not cfg_path.is_file():
         return
-    old = json.loads(cfg_path.read_text()).get("run", {})
+    try:
+        old = json.loads(cfg_path.read_text(encoding="utf-8")).get("run", {})
+    except (UnicodeDecodeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{cfg_path}: unreadable ({' '.join(str(e).split())}); delete the output folder's files "
+                         "or use --overwrite") from None
     keys = (set(old) | set(config)) - RESUMABLE_KEYS
     diff = sorted(k for k in keys if old.get(k) != config.get(k))
     if diff:

@@ -10,12 +10,14 @@ checkpoint directory is self-describing and loads offline::
     heads.safetensors                the effrag heads (token_head.*, chunk_head.*)
     tokenizer.json, tokenizer_config.json, ...
     effrag_config.json               model type, label names, max_length, loss options, training config,
-                                     and ``files``: size and sha256 of every weight file
+                                     and ``files``: size and sha256 of the weight files, config.json
+                                     and the tokenizer files (:mod:`.model_files`)
 
-Loading checks the weight files against ``files`` (cheaply by default, fully with
+Loading checks those files against ``files`` (cheaply by default, fully with
 ``verify="full"`` or ``EFFRAG_VERIFY=full``, see :mod:`effrag.integrity`), turns an
-unreadable safetensors file into a one-line :class:`~effrag.integrity.CorruptFileError`
-and refuses NaN/Inf weights (:class:`~effrag.integrity.NonFiniteWeightsError`).
+unreadable safetensors, tokenizer or config file into a one-line
+:class:`~effrag.integrity.CorruptFileError` naming it, refuses a config.json the weights do
+not fit and NaN/Inf weights (:class:`~effrag.integrity.NonFiniteWeightsError`).
 Checkpoints saved before ``files`` was recorded load without the hash check.
 
 The BERT pooler is kept (so saved encoders reload without "newly initialised"
@@ -34,16 +36,14 @@ import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
-from ..integrity import CorruptFileError, NonFiniteWeightsError, record_files, short_error, verify_files
+from ..integrity import CorruptFileError, record_files, short_error, verify_files
 from .backbones import bidirectional_mask, is_decoder_backbone, prepare_decoder
+from .model_files import (CONFIG_NAME, HEADS_NAME, REDOWNLOAD, check_config_fits_weights,  # noqa: F401 (re-exported)
+                          check_finite, check_tokenizer_files, load_encoder_config, read_effrag_config,
+                          recorded_names, unreadable_safetensors)
 from .tokenization import IGNORE
 
 FORMAT_VERSION = 1
-CONFIG_NAME = "effrag_config.json"
-HEADS_NAME = "heads.safetensors"
-REDOWNLOAD = "re-download or re-train the checkpoint"
-# Weight files whose size and sha256 go into effrag_config.json (sharded encoders: shards + their index).
-WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json")
 
 
 def _minilm_path() -> str:
@@ -216,30 +216,37 @@ class EncoderWithHeads(nn.Module):
                         hidden_dropout: float | None = None, verify: str | None = None):
         """Load a directory written by :meth:`save_pretrained` (offline).
 
-        ``verify``: how much of the weight files to check against the hashes recorded at save
-        time, ``"cheap"`` (default, or ``$EFFRAG_VERIFY``), ``"full"`` or ``"off"``. A mismatch
+        ``verify``: how much of the recorded files (weights, config.json, tokenizer) to check against
+        the hashes recorded at save time, ``"cheap"`` (default, or ``$EFFRAG_VERIFY``), ``"full"`` or ``"off"``. A mismatch
         is an :class:`~effrag.integrity.IntegrityError`; NaN/Inf weights are always refused.
         """
         from safetensors import SafetensorError
         from safetensors.torch import load_file
-        from transformers import AutoConfig
 
         path = Path(path)
         meta = read_effrag_config(path)
         if meta["model_type"] != cls.model_type:
             raise ValueError(f"{path}/{CONFIG_NAME}: model_type is {meta['model_type']!r}, expected {cls.model_type!r}")
-        verify_files(path, meta.get("files"), verify, what="checkpoint", fix=REDOWNLOAD)
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        verify_files(path, meta.get("files"), verify, what="checkpoint", fix=REDOWNLOAD,
+                     record_hint="load it and save_pretrained it again to record them")
+        check_tokenizer_files(path)  # also for checkpoints saved before their hashes were recorded
+        config = load_encoder_config(path)
+        check_config_fits_weights(path, config)
         _set_dropout(config, attention_dropout, hidden_dropout)
         try:
-            encoder = _load_encoder(str(path), config)
+            encoder = _load_encoder(str(path), config, use_safetensors=True)
         except (SafetensorError, OSError, RuntimeError) as e:
             if isinstance(e, FileNotFoundError) or "does not appear to have a file" in str(e):
                 raise
-            bad = _unreadable_safetensors(path)
+            bad = unreadable_safetensors(path)
             what = f"file {bad}" if bad else f"encoder weights in {path}"
             raise CorruptFileError(f"corrupted {what} ({short_error(e)}); {REDOWNLOAD}") from None
-        model = cls(encoder, load_tokenizer(str(path)), meta.get("options"))
+        try:
+            tokenizer = load_tokenizer(str(path))
+        except Exception as e:  # noqa: BLE001 - tokenizers' own errors (e.g. an unknown model variant)
+            raise CorruptFileError(f"{path / 'tokenizer.json'}: the tokenizer cannot be loaded ({short_error(e)}); "
+                                   f"{REDOWNLOAD}") from None
+        model = cls(encoder, tokenizer, meta.get("options"))
         model.training_config = meta.get("training")
         try:
             heads = load_file(str(path / HEADS_NAME))
@@ -274,7 +281,7 @@ class EncoderWithHeads(nn.Module):
         else:
             self.encoder.save_pretrained(path, state_dict=enc)
         save_file(heads, str(path / HEADS_NAME))
-        self.tokenizer.save_pretrained(path)
+        tokenizer_files = self.tokenizer.save_pretrained(path)
         if training is not None:
             self.training_config = training
         meta = {
@@ -285,7 +292,7 @@ class EncoderWithHeads(nn.Module):
             "max_length": self.max_length,
             "options": self.options,
             "training": self.training_config,
-            "files": record_files(path, sorted({p.name for pat in WEIGHT_PATTERNS for p in path.glob(pat)})),
+            "files": record_files(path, recorded_names(path, tokenizer_files)),
         }
         (path / CONFIG_NAME).write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
@@ -336,45 +343,11 @@ def predict_batches(model: "EncoderWithHeads", encoded: list, batch_size: int, b
             what, sum(t > 0 for t in truncated), len(truncated), sum(truncated))
 
 
-def read_effrag_config(path: str | Path) -> dict:
-    f = Path(path) / CONFIG_NAME
-    if not f.is_file():
-        raise FileNotFoundError(f"{f} not found: {path} is not an effrag model directory")
-    try:
-        meta = json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{f}: invalid JSON ({e})") from e
-    for key in ("model_type", "options"):
-        if key not in meta:
-            raise ValueError(f"{f}: missing field {key!r}")
-    return meta
+def _load_encoder(path: str, config, use_safetensors: bool | None = None):
+    """The encoder in fp32; decoder LMs with SDPA attention, the one that honours a bidirectional 4-D mask.
 
-
-def _unreadable_safetensors(path: Path) -> Path | None:
-    """The first ``*.safetensors`` file in ``path`` whose header does not read back, if any."""
-    from safetensors import SafetensorError, safe_open
-
-    for f in sorted(path.glob("*.safetensors")):
-        try:
-            with safe_open(str(f), framework="pt"):
-                pass
-        except (SafetensorError, OSError):
-            return f
-    return None
-
-
-def check_finite(module: nn.Module, where) -> None:
-    """Refuse NaN/Inf in any floating-point parameter of ``module`` (loaded from ``where``)."""
-    for name, p in module.named_parameters():
-        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
-            n_bad = int((~torch.isfinite(p)).sum())
-            raise NonFiniteWeightsError(
-                f"{where}: tensor {name} holds {n_bad} NaN/Inf value(s) of {p.numel()}; the checkpoint is "
-                f"corrupted or was saved from a diverged run; {REDOWNLOAD}")
-
-
-def _load_encoder(path: str, config):
-    """The encoder in fp32; decoder LMs with SDPA attention, the one that honours a bidirectional 4-D mask."""
+    ``use_safetensors=True`` for effrag checkpoints (always saved as safetensors): a ``pytorch_model.bin``
+    put beside them is never read."""
     from transformers import AutoModel
 
     from .compact import has_compact_encoder, load_compact_encoder
@@ -382,7 +355,8 @@ def _load_encoder(path: str, config):
     kwargs = {"attn_implementation": "sdpa"} if is_decoder_backbone(config) else {}
     if has_compact_encoder(path):  # a shipped checkpoint: int8 weights, dequantized to fp32
         return load_compact_encoder(path, config, **kwargs)
-    return AutoModel.from_pretrained(path, config=config, local_files_only=True, dtype=torch.float32, **kwargs)
+    return AutoModel.from_pretrained(path, config=config, local_files_only=True, dtype=torch.float32,
+                                     use_safetensors=use_safetensors, **kwargs)
 
 
 def _set_dropout(config, attention: float | None, hidden: float | None) -> None:

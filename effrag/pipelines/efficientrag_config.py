@@ -2,10 +2,14 @@
 
 Its own module because the tuner (:mod:`effrag.tuning`), the service and the loop config files
 (``loop-<dataset>.json``) need the options without the loop; :mod:`.efficientrag` re-exports them.
+Every option's type, range and allowed values are one :class:`Rule` in :data:`RULES`: the one check
+behind the CLI flags, loop config files, ``from_pretrained``, the service's config and the HTTP API.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
+from numbers import Integral, Real
 from typing import Any
 
 QUERY_MODES = ("merged", "per_chunk")
@@ -20,6 +24,90 @@ POOL_OPTIONS = frozenset({"pool_order", "pool_source", "retrieval_weight", "requ
 # options added after configs were first written (left out of to_json at their defaults, so old configs still match)
 _ADDED_DEFAULTS = {"int8": False, "stop_at_pool": None, "prune_last_hop": False, "requery_weight": 0.0,
                    "relabel_weight": 0.0, "query_chunks": None, "labeler_top": None}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one loop option accepts: ``type`` (int, float, bool or str), inclusive ``min``/``max``, ``choices``,
+    and whether ``None`` (JSON null: "not set") is allowed."""
+
+    type: type
+    min: float | None = None
+    max: float | None = None
+    choices: tuple | None = None
+    optional: bool = False
+
+    def describe(self) -> str:
+        what = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[self.type]
+        if self.choices:
+            what = "one of " + ", ".join(map(str, self.choices))
+        elif self.min is not None and self.max is not None:
+            what += f" from {self.min} to {self.max}"
+        elif self.min is not None:
+            what += f" >= {self.min}"
+        elif self.max is not None:
+            what += f" <= {self.max}"
+        return what + (" (or null)" if self.optional else "")
+
+    def accepts(self, value: Any) -> bool:
+        if value is None:
+            return self.optional
+        if self.type is bool:
+            return isinstance(value, bool)
+        if self.type is int:
+            ok = isinstance(value, Integral) and not isinstance(value, bool)
+        elif self.type is float:
+            ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+        else:
+            ok = isinstance(value, self.type)
+        return ok and (self.choices is None or value in self.choices) and \
+            (self.min is None or value >= self.min) and (self.max is None or value <= self.max)
+
+
+# one line per option: a new EfficientRAGConfig field adds its rule here (tests check that every field has one)
+RULES: dict[str, Rule] = {
+    "hop_k": Rule(int, min=1),
+    "first_hop_k": Rule(int, min=1, optional=True),
+    "max_hops": Rule(int, min=1),
+    "tag_threshold": Rule(float, min=0, max=1),
+    "token_threshold": Rule(float, min=0, max=1),
+    "filter_threshold": Rule(float, min=0, max=1),
+    "query_mode": Rule(str, choices=QUERY_MODES),
+    "dedup": Rule(str, choices=DEDUP_MODES),
+    "max_branches": Rule(int, min=1),
+    "max_candidates": Rule(int, min=1, optional=True),
+    "min_candidates": Rule(int, min=0),
+    "pool_order": Rule(str, choices=POOL_ORDERS),
+    "pool_source": Rule(str, choices=POOL_SOURCES),
+    "retrieval_weight": Rule(float),
+    "requery_weight": Rule(float),
+    "relabel_weight": Rule(float),
+    "query_chunks": Rule(int, min=1, optional=True),
+    "chunk_format": Rule(str, choices=CHUNK_FORMATS),
+    "batch_size": Rule(int, min=1),
+    "labeler_max_length": Rule(int, min=1, optional=True),
+    "filter_max_length": Rule(int, min=1, optional=True),
+    "bf16": Rule(bool),
+    "int8": Rule(bool),
+    "stop_at_pool": Rule(int, min=1, optional=True),
+    "prune_last_hop": Rule(bool),
+    "labeler_top": Rule(int, min=1, optional=True),
+}
+
+
+def check_options(options: Any, where: str, prefix: str = "") -> None:
+    """Raise one ValueError ``"<where>: <prefix><key> must be <rule>, got <value>"`` for the first option of
+    ``options`` (a dict of loop options: a loop config file's, a serve.yaml's) that is unknown or breaks its rule."""
+    if not isinstance(options, dict):
+        raise ValueError(f"{where}: {prefix.rstrip('.') or 'the loop options'} must be a JSON object of loop options, "
+                         f"got {type(options).__name__}")
+    unknown = sorted(set(options) - set(RULES))
+    if unknown:
+        raise ValueError(f"{where}: unknown EfficientRAGConfig option(s) {[prefix + k for k in unknown]}; "
+                         f"known: {sorted(RULES)}")
+    for key, value in options.items():
+        if not RULES[key].accepts(value):
+            raise ValueError(f"{where}: {prefix}{key} must be {RULES[key].describe()}, got {value!r}")
 
 
 @dataclass
@@ -113,28 +201,13 @@ class EfficientRAGConfig:
     labeler_top: int | None = None
 
     def __post_init__(self) -> None:
-        for name, allowed in (("query_mode", QUERY_MODES), ("dedup", DEDUP_MODES), ("chunk_format", CHUNK_FORMATS),
-                              ("pool_order", POOL_ORDERS), ("pool_source", POOL_SOURCES)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"EfficientRAGConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        for name in ("hop_k", "max_hops", "max_branches", "batch_size"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"EfficientRAGConfig.{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.first_hop_k is not None and self.first_hop_k < 1:
-            raise ValueError(f"EfficientRAGConfig.first_hop_k must be >= 1 or None, got {self.first_hop_k}")
-        if self.max_candidates is not None and self.max_candidates < 1:
-            raise ValueError(f"EfficientRAGConfig.max_candidates must be >= 1 or None, got {self.max_candidates}")
-        if self.query_chunks is not None and self.query_chunks < 1:
-            raise ValueError(f"EfficientRAGConfig.query_chunks must be >= 1 or None, got {self.query_chunks}")
-        if self.labeler_top is not None and self.labeler_top < 1:
-            raise ValueError(f"EfficientRAGConfig.labeler_top must be >= 1 or None, got {self.labeler_top}")
-        if self.stop_at_pool is not None and self.stop_at_pool < 1:
-            raise ValueError(f"EfficientRAGConfig.stop_at_pool must be >= 1 or None, got {self.stop_at_pool}")
+        for f in fields(self):  # type, range, allowed values: RULES
+            rule = RULES.get(f.name)
+            if rule is not None and not rule.accepts(getattr(self, f.name)):
+                raise ValueError(f"EfficientRAGConfig.{f.name} must be {rule.describe()}, got {getattr(self, f.name)!r}")
         for name in ("requery_weight", "relabel_weight"):
             if getattr(self, name) and self.pool_order == "hop":
-                raise ValueError(f"EfficientRAGConfig.{name} needs pool_order fused or fused_logit, got 'hop'")
-        if self.min_candidates < 0:
-            raise ValueError(f"EfficientRAGConfig.min_candidates must be >= 0, got {self.min_candidates}")
+                raise ValueError(f"EfficientRAGConfig.{name} needs pool_order fused, fused_logit or rank, got 'hop'")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EfficientRAGConfig":
@@ -162,14 +235,19 @@ def build_config(config: EfficientRAGConfig | dict | str | None = None, **overri
 
     if isinstance(config, (str, Path)):
         try:
-            data = json.loads(Path(config).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"cannot read EfficientRAG config {config}: {e}") from None
-        base = data.get("config", data)  # the tuner writes {"config": {...}, "metrics": {...}}
+            data = json.loads(Path(config).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read EfficientRAG config {config}: {' '.join(str(e).split())}") from None
+        # the tuner writes {"config": {...}, "metrics": {...}}
+        base = data.get("config", data) if isinstance(data, dict) else data
+        check_options(base, str(config), "config." if base is not data else "")
+        base = dict(base)
     else:
         base = config.to_json() if isinstance(config, EfficientRAGConfig) else dict(config or {})
-    base.update({k: v for k, v in overrides.items() if v is not None})
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    check_options(overrides, "EfficientRAG option")
+    base.update(overrides)
     try:
         return EfficientRAGConfig.from_dict(base)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"EfficientRAG config{f' {config}' if isinstance(config, str) else ''}: {e}") from None
+        raise ValueError(f"EfficientRAG config{f' {config}' if isinstance(config, (str, Path)) else ''}: {e}") from None

@@ -9,10 +9,12 @@ Its own module so that the backends (dense, BM25, hybrid) and the builder/loader
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from pathlib import Path
 
-from ..integrity import CorruptFileError, record_files, verify_files
+from ..integrity import CorruptFileError, IntegrityError, record_files, verify_files
 from ..provenance import package_versions
 
 META = "index_meta.json"
@@ -23,6 +25,8 @@ class IndexMismatchError(ValueError):
 
 
 REBUILD = "rebuild the index"
+# what a saved index may hold besides index_meta.json (emb_shards: a dense build in progress; part<i>: hybrid)
+INDEX_ENTRIES = ("index.faiss", "bm25", "corpus.jsonl", "milvus.db", "emb_shards")
 
 
 def write_meta(directory: Path, kind: str, corpus, options: dict, encoder=None, write_corpus: bool = True,
@@ -70,4 +74,52 @@ def verify_index(directory: str | Path, meta: dict | None = None, verify: str | 
     Returns the mode used (``"off"`` when nothing was checked).
     """
     meta = read_meta(directory) if meta is None else meta
-    return verify_files(directory, meta.get("files"), verify, what="index", fix=REBUILD)
+    return verify_files(directory, meta.get("files"), verify, what="index", fix=REBUILD,
+                        record_hint=f"`effrag index verify {directory} --record` records them")
+
+
+def index_files(directory: Path, meta: dict) -> list[str]:
+    """The files an index of ``meta["kind"]`` writes (what ``files`` records), relative to ``directory``."""
+    kind, d = meta.get("kind"), Path(directory)
+    if kind == "dense":
+        names = ["index.faiss"]
+    elif kind == "bm25":
+        names = files_under(d, "bm25")
+    elif kind == "hybrid":
+        names = [f for i in range(len(meta.get("options", {}).get("parts", []))) for f in files_under(d, f"part{i}")]
+    elif kind == "milvus":
+        names = []  # the vectors live in the Milvus collection
+    else:
+        raise CorruptFileError(f"{d / META}: unknown index kind {kind!r}; {REBUILD}")
+    return names + (["corpus.jsonl"] if (d / "corpus.jsonl").is_file() else [])
+
+
+def record_index(directory: str | Path) -> int:
+    """Add the ``files`` records to an index saved without them (``effrag index verify DIR --record``); returns how
+    many files were recorded. An index that has records is not re-recorded (that would bless a changed file)."""
+    d = Path(directory)
+    meta = read_meta(d)
+    if meta.get("files") is not None:
+        raise IntegrityError(f"{d / META}: already records its files; `effrag index verify {d}` checks them")
+    names = index_files(d, meta)
+    missing = [n for n in names if not (d / n).is_file()]
+    if missing:
+        raise IntegrityError(f"{d / missing[0]}: file of the index is missing; {REBUILD}")
+    meta["files"] = record_files(d, names)
+    tmp = d / (META + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=2))
+    os.replace(tmp, d / META)
+    return len(names)
+
+
+def remove_index(directory: str | Path) -> None:
+    """Delete a saved index's own files from ``directory`` (``effrag index build --overwrite``), nothing else:
+    a new index of another kind must not find a stale ``index.faiss`` or ``bm25/`` beside it."""
+    d = Path(directory)
+    (d / META).unlink(missing_ok=True)  # first: a half-removed folder is no index
+    for name in INDEX_ENTRIES + tuple(p.name for p in d.glob("part*") if p.is_dir()):
+        path = d / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()

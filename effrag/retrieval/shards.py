@@ -81,7 +81,7 @@ def _barrier(world: int) -> None:
 # ---------------------------------------------------------------------------- encoding
 def _shard_rows(path: Path) -> int | None:
     try:
-        return int(np.load(path, mmap_mode="r").shape[0])
+        return int(np.load(path, mmap_mode="r", allow_pickle=False).shape[0])
     except (OSError, ValueError, EOFError):
         return None
 
@@ -166,11 +166,11 @@ def merge_shards(store: str | Path, *, keep_shards: bool = False) -> Path:
     if missing:
         raise FileNotFoundError(f"{store}: {len(missing)} of {n_shards} shards not encoded yet "
                                 f"(first: {shard_path(store, missing[0]).name}); run the encode again to finish")
-    dim = int(np.load(shard_path(store, 0), mmap_mode="r").shape[1])
+    dim = int(np.load(shard_path(store, 0), mmap_mode="r", allow_pickle=False).shape[1])
     tmp = store / "embeddings.tmp.npy"
     merged = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, dim))
     for i in range(n_shards):
-        part = np.load(shard_path(store, i), mmap_mode="r")
+        part = np.load(shard_path(store, i), mmap_mode="r", allow_pickle=False)
         if part.shape[0] != min(size, n - i * size) or part.shape[1] != dim:
             raise ValueError(f"{shard_path(store, i)}: shape {part.shape} does not fit a store of {n} x {dim}")
         merged[i * size:i * size + part.shape[0]] = part
@@ -196,7 +196,7 @@ class ShardedEmbeddings:
         key = json.loads((store / KEY_FILE).read_text())
         self.store, self.n, self.shard_size = store, int(key["n"]), int(key["shard_size"])
         if _merged_ok(store, self.n):
-            self._parts = [np.load(store / MERGED, mmap_mode="r")]
+            self._parts = [np.load(store / MERGED, mmap_mode="r", allow_pickle=False)]
             self.shard_size = max(1, self.n)
         else:
             n_shards = max(1, math.ceil(self.n / self.shard_size))
@@ -204,7 +204,7 @@ class ShardedEmbeddings:
             if missing:
                 raise FileNotFoundError(f"{store}: {len(missing)} of {n_shards} shards not encoded yet (first: "
                                         f"{shard_path(store, missing[0]).name}); run the encode again to finish")
-            self._parts = [np.load(shard_path(store, i), mmap_mode="r") for i in range(n_shards)]
+            self._parts = [np.load(shard_path(store, i), mmap_mode="r", allow_pickle=False) for i in range(n_shards)]
         self.dim = int(self._parts[0].shape[1])
         self.dtype = np.dtype(np.float32)
 

@@ -238,16 +238,20 @@ def _request_models(server: ServerSection):
 
     from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+    from effrag.pipelines.efficientrag_config import RULES
+
     Question = Annotated[str, StringConstraints(strict=True, strip_whitespace=True, min_length=1,
                                                  max_length=server.max_question_chars)]
-    Threshold = Annotated[float | None, Field(ge=0.0, le=1.0, strict=True)]
+
+    def threshold(name: str):  # the loop's own rule for the option (RULES), shown in the OpenAPI schema
+        return Annotated[float | None, Field(ge=RULES[name].min, le=RULES[name].max, strict=True)]
 
     class _Options(BaseModel):
         model_config = ConfigDict(extra="forbid")
         top_k: Annotated[int | None, Field(ge=1, le=server.max_top_k, strict=True)] = None
-        tag_threshold: Threshold = None
-        token_threshold: Threshold = None
-        filter_threshold: Threshold = None
+        tag_threshold: threshold("tag_threshold") = None
+        token_threshold: threshold("token_threshold") = None
+        filter_threshold: threshold("filter_threshold") = None
         include_trace: Annotated[bool, Field(strict=True)] = True  # "yes" is an error, as a string top_k is
 
     class RetrieveRequest(_Options):

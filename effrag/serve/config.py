@@ -134,9 +134,28 @@ def load_config(source: str | Path | dict[str, Any]) -> ServeConfig:
             get_pipeline_class(m.name)
         except ValueError as e:
             raise ValueError(f"{where}: method.name: {e}") from None
-    if m.name in ("efficientrag", "efficient-rag") and (m.labeler is None or m.filter is None):
-        raise ValueError(f"{where}: method efficientrag needs method.labeler and method.filter (checkpoint folders)")
+    if m.name in ("efficientrag", "efficient-rag"):
+        if m.labeler is None or m.filter is None:
+            raise ValueError(f"{where}: method efficientrag needs method.labeler and method.filter (checkpoint folders)")
+        _check_loop_options(m.options, where)
     return cfg
+
+
+def _check_loop_options(options: dict[str, Any], where: str) -> None:
+    """EfficientRAG's ``method.options`` (and the loop config file its ``config`` names) against the loop's one
+    rule (:data:`effrag.pipelines.efficientrag_config.RULES`), at start-up: a wrong type is one line naming the
+    file and key, not a 500 on every request."""
+    from effrag.pipelines.efficientrag_config import build_config, check_options
+
+    options = dict(options)
+    loop_file = options.pop("config", None)
+    check_options(options, where, "method.options.")
+    if loop_file is not None and not isinstance(loop_file, str):
+        raise ValueError(f"{where}: method.options.config: expected the path of a loop config file, got {loop_file!r}")
+    try:
+        build_config(loop_file, **options)  # the file's own options (named in its errors), and rules across options
+    except ValueError as e:
+        raise ValueError(f"{where}: method.options: {e}" if loop_file is None else str(e)) from None
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")

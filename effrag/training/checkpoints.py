@@ -1,23 +1,43 @@
 """Where a training run stands in its output directory: its checkpoints, and what a rerun does.
 
-A rerun of the same command resumes from the latest complete checkpoint, a finished run
-(``results.json``) is left alone, and ``--overwrite`` starts afresh (:func:`plan_start`); a
-resume cuts ``log.jsonl`` back to the checkpoint's step (:func:`prepare_output_dir`). The loop
-itself (:mod:`.loop`) restores the state inside a checkpoint.
+A rerun of the same command resumes from the latest complete checkpoint whose files are as saved
+(an older one, with a warning, when the latest is damaged), a finished run (``results.json``) is
+left alone unless its settings changed, and ``--overwrite`` starts afresh (:func:`plan_start`); a
+resume cuts ``log.jsonl`` back to the checkpoint's step (:func:`prepare_output_dir`). What a
+checkpoint holds, and the checks that decide whether it is resumed from, are
+:mod:`.checkpoint_files`; the loop (:mod:`.loop`) restores it.
 """
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
+from typing import NamedTuple
 
+from .checkpoint_files import STATE_NAME, CheckpointError, check_checkpoint
 from .config import Config, ConfigError
 
-STATE_NAME = "trainer_state.json"
 RESULTS_NAME = "results.json"  # written last: its presence marks a finished run
 # what train() writes into an output directory: --overwrite deletes a directory holding only these
 RUN_ENTRIES = {"config.yaml", "run_info.json", "log.jsonl", RESULTS_NAME, "eval_metrics.json", "checkpoints",
-               "best", "last", "best.tmp", "last.tmp", "log.jsonl.tmp", "wandb"}
+               "best", "last", "best.tmp", "last.tmp", "log.jsonl.tmp", RESULTS_NAME + ".tmp", "wandb"}
+# settings that do not change what a run computes
+RUN_CONTROL_KEYS = {"train.resume_from_checkpoint", "train.output_dir", "train.run_name", "train.report_to"}
+
+
+class StartPlan(NamedTuple):
+    """``mode`` (fresh, resume, finished, overwrite), the checkpoint resumed from and its checked trainer state."""
+
+    mode: str
+    checkpoint: Path | None = None
+    state: dict | None = None
+
+
+def main_print(msg: str) -> None:
+    """Print on the main process only, before an Accelerator exists (RANK is set by the launchers)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(msg, flush=True)
 
 
 def _step_of(path: Path) -> int:
@@ -32,8 +52,13 @@ def checkpoint_dirs(output_dir: Path) -> list[Path]:
     return sorted((p for p in (Path(output_dir) / "checkpoints").glob("step_*") if _step_of(p) >= 0), key=_step_of)
 
 
+def complete_checkpoints(output_dir: Path) -> list[Path]:
+    """Checkpoints whose save finished (``trainer_state.json`` is written last), by step."""
+    return [c for c in checkpoint_dirs(output_dir) if (c / STATE_NAME).is_file()]
+
+
 def latest_checkpoint(output_dir: Path) -> Path | None:
-    done = [c for c in checkpoint_dirs(output_dir) if (c / STATE_NAME).is_file()]
+    done = complete_checkpoints(output_dir)
     return done[-1] if done else None
 
 
@@ -49,13 +74,14 @@ def find_checkpoint(spec: str, output_dir: Path) -> Path:
     return path
 
 
-def plan_start(cfg: Config, overwrite: bool = False) -> tuple[str, Path | None]:
+def plan_start(cfg: Config, overwrite: bool = False) -> StartPlan:
     """What a run into ``train.output_dir`` does, decided before anything is written.
 
-    ``("overwrite", None)``: clear the directory, start at step 0 (``overwrite``);
-    ``("resume", ckpt)``: ``train.resume_from_checkpoint`` if given, else the latest complete checkpoint;
-    ``("finished", None)``: ``results.json`` is there (and no explicit resume): nothing to train;
-    ``("fresh", None)``: no checkpoint: step 0 (a killed run's log.jsonl is restarted).
+    ``overwrite``: clear the directory, start at step 0; ``resume``: ``train.resume_from_checkpoint`` if
+    given (refused with one line when :func:`check_checkpoint` fails), else the latest complete checkpoint
+    that passes it (damaged later ones are skipped with a warning; none passing is the newest's error);
+    ``finished``: ``results.json`` is there (and no explicit resume): nothing to train, unless the settings
+    differ from the finished run's (a :class:`ConfigError` listing them); ``fresh``: no checkpoint, step 0.
     """
     tc = cfg.train
     out_dir = Path(tc.output_dir)
@@ -68,36 +94,55 @@ def plan_start(cfg: Config, overwrite: bool = False) -> tuple[str, Path | None]:
         if others:
             raise ConfigError(f"--overwrite: {out_dir} holds files a training run does not write ({', '.join(others[:5])}"
                               f"{', ...' if len(others) > 5 else ''}); not deleting it: choose another train.output_dir")
-        return "overwrite", None
+        return StartPlan("overwrite")
     if tc.resume_from_checkpoint:
         try:
-            return "resume", find_checkpoint(tc.resume_from_checkpoint, out_dir)
+            ckpt = find_checkpoint(tc.resume_from_checkpoint, out_dir)
         except FileNotFoundError as e:
             raise ConfigError(str(e)) from None
+        return StartPlan("resume", ckpt, check_checkpoint(ckpt))
     if (out_dir / RESULTS_NAME).is_file():
-        return "finished", None
-    ckpt = latest_checkpoint(out_dir)
-    return ("resume", ckpt) if ckpt is not None else ("fresh", None)
+        changes = config_changes(out_dir, cfg)
+        if changes:
+            raise ConfigError(f"{out_dir} is a finished run with other settings ({'; '.join(changes)}): nothing "
+                              "trained; --overwrite retrains it with these settings, or choose another train.output_dir")
+        return StartPlan("finished")
+    refused: list[CheckpointError] = []
+    for ckpt in reversed(complete_checkpoints(out_dir)):
+        try:
+            state = check_checkpoint(ckpt)
+        except CheckpointError as e:
+            refused.append(e)
+            continue
+        for e in refused:
+            main_print(f"warning: skipping a damaged checkpoint: {e}")
+        return StartPlan("resume", ckpt, state)
+    if refused:
+        raise refused[0]
+    return StartPlan("fresh")
 
 
-def config_changes(ckpt: Path, cfg: Config) -> list[str]:
-    """Settings that differ between a checkpoint's config.yaml and this run's (run-control keys aside)."""
+def config_changes(run_dir: Path, cfg: Config) -> list[str]:
+    """Settings that differ between ``run_dir/config.yaml`` (a checkpoint's or a run's) and ``cfg``
+    (run-control keys aside)."""
     import yaml
 
     try:
-        old = yaml.safe_load((ckpt / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
+        old = yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return []
-    ignore = {"train.resume_from_checkpoint", "train.output_dir", "train.run_name", "train.report_to"}
+    if not isinstance(old, dict):
+        return []
     changes = []
     for section, values in cfg.to_dict().items():
         if not isinstance(values, dict):
             if old.get(section) != values:
                 changes.append(f"{section}: {old.get(section)!r} -> {values!r}")
             continue
+        was_section = old.get(section) if isinstance(old.get(section), dict) else {}
         for k, v in values.items():
-            was = (old.get(section) or {}).get(k, v)
-            if f"{section}.{k}" not in ignore and was != v:
+            was = was_section.get(k, v)
+            if f"{section}.{k}" not in RUN_CONTROL_KEYS and was != v:
                 changes.append(f"{section}.{k}: {was!r} -> {v!r}")
     return changes
 

@@ -43,11 +43,37 @@ def check_filter_record(rec: dict, loc: str) -> None:
     _check_words_labels(rec, "words", loc)
 
 
+def check_utf8(path: str | Path) -> None:
+    """A :class:`RecordError` ``FILE:LINE: not UTF-8 (...)`` at the first line that does not decode.
+
+    ``train.py`` runs it on every JSONL data file before the model loads or the output folder is made.
+    """
+    from ..data.loaders import utf8_error
+
+    path = Path(path)
+    offset = 0
+    with path.open("rb") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise RecordError(str(utf8_error(path, line, e, line_no=n, line_offset=offset))) from None
+            offset += len(line)
+
+
 def read_jsonl(path: str | Path, check: Callable[[dict, str], None]) -> list[dict]:
     """All records of a JSONL file, each validated by ``check(record, "file:line")``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"training data file not found: {path}")
+    try:
+        return _read_records(path, check)
+    except UnicodeDecodeError:
+        check_utf8(path)  # names the line
+        raise
+
+
+def _read_records(path: Path, check: Callable[[dict, str], None]) -> list[dict]:
     out = []
     with path.open(encoding="utf-8") as f:
         for n, line in enumerate(f, 1):

@@ -10,7 +10,7 @@ config + versions + data hashes beside every output.
 Output directory::
 
     config.yaml, run_info.json, log.jsonl, results.json
-    checkpoints/step_0000200/   accelerate state + trainer_state.json (resume with --resume_from_checkpoint)
+    checkpoints/step_0000200/   safetensors + JSON state, trainer_state.json with file hashes (checkpoint_files.py)
     best/, last/                save_pretrained model directories (+ metrics.json)
 
 Rerunning a run into the same output directory (``plan_start``): a run that stopped resumes from
@@ -20,6 +20,7 @@ A resume truncates ``log.jsonl`` to the checkpoint's step and replays the rest e
 optimizer, schedule, python/numpy/torch RNG (dropout), the epoch's data order and position in it,
 the loss being averaged for the next log line; a killed and resumed run ends bit-identical to an
 unbroken one on the same hardware and process count (docs/reliability.md, "Training resume").
+Checkpoints are safetensors and JSON with recorded hashes, never pickles (:mod:`.checkpoint_files`).
 """
 from __future__ import annotations
 
@@ -35,10 +36,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..provenance import file_sha256, package_versions
-from .checkpoints import (RESULTS_NAME, STATE_NAME, checkpoint_dirs, config_changes, plan_start,
+from .checkpoint_files import read_checkpoint, seal_checkpoint, write_checkpoint
+from .checkpoints import (RESULTS_NAME, checkpoint_dirs, config_changes, main_print, plan_start,
                           prepare_output_dir)
 from .config import Config, ConfigError, check_encoder, save_config
-from .data import Collator, LengthGroupedSampler
+from .data import Collator, LengthGroupedSampler, check_utf8
 from .hf_data import data_exists, describe, is_arrow_source
 from .task_data import build_eval_dataset, build_train_dataset, train_lengths
 from .tasks import Task, get_task
@@ -162,21 +164,26 @@ def run_info(cfg: Config, accelerator) -> dict:
 
 
 def preflight(cfg: Config) -> None:
-    """Errors that need no model: missing data files, an encoder that is not here (before any heavy work)."""
+    """Errors that need no model (before any heavy work or any write): missing data files, bytes in a JSONL
+    data file that are not UTF-8 (file:line), an encoder that is not here."""
     d = cfg.data
     if not d.train_file:
         raise ConfigError("data.train_file is not set")
     for key, f in [("data.train_file", d.train_file)] + [("data.eval_files", f) for f in d.eval_files]:
         if not data_exists(f):
             raise ConfigError(f"{key}: file not found: {f} (a JSONL file or an Arrow dataset folder / .arrow file)")
+        if Path(f).is_file() and not is_arrow_source(f):
+            check_utf8(f)
     if not (Path(cfg.model.name_or_path) / "effrag_config.json").is_file():
         check_encoder(cfg.model.name_or_path, "model")
 
 
-def _main_print(msg: str) -> None:
-    """Print on the main process only, before an Accelerator exists (RANK is set by the launchers)."""
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(msg, flush=True)
+def _checkpoints_supported(accelerator) -> bool:
+    """DeepSpeed, FSDP and Megatron keep their own sharded state, saved only as pickles: not checkpointed."""
+    from accelerate.utils import DistributedType
+
+    return accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP,
+                                                DistributedType.MEGATRON_LM)
 
 
 def train(cfg: Config, overwrite: bool = False) -> dict:
@@ -192,15 +199,25 @@ def train(cfg: Config, overwrite: bool = False) -> dict:
     task = get_task(cfg.task)
     tc = cfg.train
     out_dir = Path(tc.output_dir)
-    mode, ckpt = plan_start(cfg, overwrite)
+    mode, ckpt, ckpt_state = plan_start(cfg, overwrite)
     if mode == "finished":
-        results = json.loads((out_dir / RESULTS_NAME).read_text())
-        _main_print(f"{out_dir} is a finished run (step {results.get('global_step')} of {results.get('total_steps')}, "
+        try:
+            results = json.loads((out_dir / RESULTS_NAME).read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise ConfigError(f"{out_dir / RESULTS_NAME}: unreadable ({' '.join(str(e).split())}); "
+                              "--overwrite trains the run again") from None
+        main_print(f"{out_dir} is a finished run (step {results.get('global_step')} of {results.get('total_steps')}, "
                     f"{RESULTS_NAME} is there): nothing to train; --overwrite trains it again from step 0")
         return results
     preflight(cfg)
     accelerator = make_accelerator(cfg)
-    ckpt_state = json.loads((ckpt / STATE_NAME).read_text()) if ckpt is not None else None
+    checkpointing = _checkpoints_supported(accelerator)
+    if ckpt is not None and not checkpointing:
+        raise ConfigError(f"{ckpt}: resuming under {accelerator.distributed_type} is not supported (its sharded "
+                          "state is only saved as pickles); --overwrite trains from step 0")
+    if not checkpointing:
+        accelerator.print(f"warning: no checkpoints under {accelerator.distributed_type} (its sharded state is only "
+                          "saved as pickles, which effrag never loads): a killed run starts again from step 0")
     accelerator.wait_for_everyone()  # every process has planned before the main one changes the directory
     if accelerator.is_main_process:
         prepare_output_dir(out_dir, mode, ckpt_state["global_step"] if ckpt_state else 0)
@@ -238,7 +255,6 @@ def train(cfg: Config, overwrite: bool = False) -> dict:
         raise RuntimeError(f"expected {batches_per_process} batches per process, accelerate made {len(train_dl)}")
     if eval_dl is not None:
         eval_dl = accelerator.prepare(eval_dl)
-    accelerator.register_for_checkpointing(scheduler)
     metric_name = tc.metric_for_best or task.default_metric
 
     state = {"global_step": 0, "epoch": 0, "batch_in_epoch": 0, "best_metric": None, "best_step": None}
@@ -248,8 +264,9 @@ def train(cfg: Config, overwrite: bool = False) -> dict:
     loss_n = 0
     resumed = None
     if ckpt is not None:
-        accelerator.load_state(str(ckpt))  # weights, optimizer, schedule, python/numpy/torch RNG per process
-        state = dict(ckpt_state)
+        read_checkpoint(ckpt, accelerator, model, optimizer, scheduler)  # weights, optimizer, schedule, RNG
+        state = {k: v for k, v in ckpt_state.items() if k not in ("format", "files")}
+        accelerator.step = state.pop("accelerator_step", accelerator.step)  # where gradient accumulation stands
         acc = state.pop("loss_accumulator", None)
         if acc and len(acc["sum_per_process"]) == accelerator.num_processes:
             loss_sum.fill_(acc["sum_per_process"][accelerator.process_index])
@@ -305,17 +322,18 @@ def train(cfg: Config, overwrite: bool = False) -> dict:
         accelerator.wait_for_everyone()
 
     def save_checkpoint() -> None:
+        if not checkpointing:
+            return
         ckpt = out_dir / "checkpoints" / f"step_{state['global_step']:07d}"
         sums = accelerator.gather(loss_sum.detach().float().reshape(1)).cpu().tolist()  # collective
-        accelerator.save_state(str(ckpt))
+        write_checkpoint(ckpt, accelerator, model, optimizer, scheduler)
         if accelerator.is_main_process:
             save_config(cfg, ckpt / "config.yaml")
-            full = {**state, "loss_accumulator": {"sum_per_process": sums, "batches": loss_n}}
+            full = {**state, "loss_accumulator": {"sum_per_process": sums, "batches": loss_n},
+                    "accelerator_step": accelerator.step}
             if sampler is not None:
                 full["sampler"] = sampler.state_dict()
-            tmp = ckpt / (STATE_NAME + ".tmp")
-            tmp.write_text(json.dumps(full, indent=2))
-            tmp.replace(ckpt / STATE_NAME)  # last and atomic: a checkpoint without it is incomplete
+            seal_checkpoint(ckpt, full)  # last and atomic: a checkpoint without it is incomplete
             old = checkpoint_dirs(out_dir)
             for stale in old[: max(0, len(old) - max(1, tc.save_total_limit))]:
                 shutil.rmtree(stale, ignore_errors=True)
@@ -411,7 +429,9 @@ def train(cfg: Config, overwrite: bool = False) -> dict:
     if in_sync is False:
         accelerator.print("WARNING: model parameters differ across processes")
     if accelerator.is_main_process:
-        (out_dir / RESULTS_NAME).write_text(json.dumps(results, indent=2) + "\n")
+        tmp = out_dir / (RESULTS_NAME + ".tmp")
+        tmp.write_text(json.dumps(results, indent=2) + "\n")
+        tmp.replace(out_dir / RESULTS_NAME)  # atomic: a kill while writing it leaves an unfinished run
     accelerator.end_training()
     return results
 

@@ -70,16 +70,23 @@ class CachedModel:
 
 
 def model_fingerprint(path: str | Path, with_options: bool = False) -> str | None:
-    """Short hash of a checkpoint's recorded file hashes (``effrag_config.json`` ``files``; with
+    """Short hash of a checkpoint's recorded weight-file hashes (``effrag_config.json`` ``files``; with
     ``with_options``, its options too, e.g. a reader's tuned decoding): part of a tuning folder's setup or
     an eval run's config, so that a model retrained (or retuned) at the same path never resumes the old
-    model's rows."""
+    model's rows. Only the weight files count: a retrained model has new weights, and the records of
+    config.json and the tokenizer, added later, leave the fingerprints of earlier checkpoints as they were."""
+    import fnmatch
     import hashlib
     import json
+
+    from .models.model_files import WEIGHT_PATTERNS
 
     try:
         meta = json.loads((Path(path) / "effrag_config.json").read_text())
         files = meta.get("files")
+        if isinstance(files, dict):  # file records other than weights left out (a vote folder's members are kept)
+            files = {k: v for k, v in files.items()
+                     if not (isinstance(v, dict) and "sha256" in v) or any(fnmatch.fnmatch(k, p) for p in WEIGHT_PATTERNS)}
     except (OSError, ValueError, AttributeError):
         return None
     if not files:

@@ -1,0 +1,103 @@
+"""EfficientRAG's loop options: one rule per option (type, range, allowed values), shared by the CLI, loop config
+files, ``from_pretrained``, the service and the HTTP API (issue #40 §5-7). serve.yaml start-up cases are in
+tests/test_serve.py (``test_start_up_errors_are_one_line``), the HTTP body's in ``test_bad_requests_get_clear_errors``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from effrag.api import EfficientRAG
+from effrag.data import sample_path
+from effrag.pipelines.efficientrag_config import RULES, EfficientRAGConfig, build_config
+
+HOTPOT_DEV = sample_path("hotpotqa", "dev")
+
+
+def test_every_loop_option_has_one_rule():
+    assert set(RULES) == {f.name for f in fields(EfficientRAGConfig)}
+    defaults = EfficientRAGConfig()
+    assert all(RULES[f.name].accepts(getattr(defaults, f.name)) for f in fields(EfficientRAGConfig))
+
+
+# a loop config file's content -> the one line naming the key (the file's path comes first)
+BAD_FILES = {
+    "threshold a string": ({"tag_threshold": "high"}, "tag_threshold must be a number from 0 to 1, got 'high'"),
+    "threshold out of range": ({"tag_threshold": 7.5}, "tag_threshold must be a number from 0 to 1, got 7.5"),
+    "negative threshold": ({"filter_threshold": -0.1}, "filter_threshold must be a number from 0 to 1, got -0.1"),
+    "hops a string": ({"max_hops": "3"}, "max_hops must be an integer >= 1, got '3'"),
+    "hops a fraction": ({"max_hops": 2.5}, "max_hops must be an integer >= 1, got 2.5"),
+    "hops zero": ({"max_hops": 0}, "max_hops must be an integer >= 1, got 0"),
+    "hops true": ({"max_hops": True}, "max_hops must be an integer >= 1, got True"),
+    "unknown mode": ({"config": {"query_mode": "both"}}, "config.query_mode must be one of merged, per_chunk, got 'both'"),
+    "flag a string": ({"bf16": "yes"}, "bf16 must be true or false, got 'yes'"),
+    "weight NaN": ({"retrieval_weight": float("nan")}, "retrieval_weight must be a number, got nan"),
+    "cap a string": ({"config": {"max_candidates": "10"}},
+                     "config.max_candidates must be an integer >= 1 (or null), got '10'"),
+    "a JSON list": ([{"tag_threshold": 0.5}], "the loop options must be a JSON object of loop options, got list"),
+    "config a list": ({"config": [1]}, "config must be a JSON object of loop options, got list"),
+}
+
+
+def _write(tmp_path: Path, content) -> Path:
+    f = tmp_path / "loop.json"
+    f.write_text(json.dumps(content))
+    return f
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_loop_config_files_with_wrong_types_or_ranges_name_file_and_key(tmp_path, case):
+    content, message = BAD_FILES[case]
+    f = _write(tmp_path, content)
+    with pytest.raises(ValueError) as e:
+        build_config(str(f))
+    assert str(e.value) == f"{f}: {message}"
+
+
+def test_options_in_code_and_flags_follow_the_same_rule(tiny_efficientrag_dirs, tmp_path):
+    with pytest.raises(ValueError, match=r"^EfficientRAGConfig\.tag_threshold must be a number from 0 to 1, got 7\.5$"):
+        EfficientRAGConfig(tag_threshold=7.5)
+    with pytest.raises(ValueError, match=r"^EfficientRAG option: max_hops must be an integer >= 1, got '3'$"):
+        build_config(None, max_hops="3")
+    assert EfficientRAGConfig(tag_threshold=1, max_hops=2).replace(tag_threshold=0.0).tag_threshold == 0.0
+
+    def no_models(*a, **kw):
+        raise AssertionError("models were loaded before the options were checked")
+
+    import effrag.api
+
+    f = _write(tmp_path, {"config": {"tag_threshold": 7.5}})
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(effrag.api, "load_models", no_models)
+        with pytest.raises(ValueError, match=rf"^{f}: config\.tag_threshold must be a number from 0 to 1, got 7\.5$"):
+            EfficientRAG.from_pretrained(tiny_efficientrag_dirs["labeler"], tiny_efficientrag_dirs["filter"],
+                                         retriever=lambda qs, k: [[] for _ in qs], config=str(f))
+        with pytest.raises(ValueError, match=r"EfficientRAG option: tag_threshold must be a number from 0 to 1, "
+                                             r"got 'high'"):
+            EfficientRAG.from_pretrained(tiny_efficientrag_dirs["labeler"], tiny_efficientrag_dirs["filter"],
+                                         retriever=lambda qs, k: [[] for _ in qs], tag_threshold="high")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--er-config", "{loop}"], "{loop}: max_hops must be an integer >= 1, got 2.5"),
+    (["--tag-threshold", "7.5"], "EfficientRAG option: tag_threshold must be a number from 0 to 1, got 7.5"),
+])
+def test_cli_checks_loop_options_before_reading_the_corpus(tiny_efficientrag_dirs, tmp_path, capsys, monkeypatch,
+                                                           extra, message):
+    from effrag import experiment
+    from effrag.cli import main
+
+    def no_setup(*a, **kw):
+        raise AssertionError("the run setup was built before the options were checked")
+
+    monkeypatch.setattr(experiment.RunSetup, "from_args", classmethod(no_setup))
+    loop = _write(tmp_path, {"max_hops": 2.5})
+    code = main(["eval", "--method", "efficientrag", "--labeler", str(tiny_efficientrag_dirs["labeler"]),
+                 "--filter", str(tiny_efficientrag_dirs["filter"]), "--questions", str(HOTPOT_DEV),
+                 "--corpus-from", str(HOTPOT_DEV), "--retriever", "bm25", "--output", str(tmp_path / "out"),
+                 *[a.format(loop=loop) for a in extra]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].endswith(message.format(loop=loop)), err

@@ -79,7 +79,7 @@ def model_fingerprint(path: str | Path, with_options: bool = False) -> str | Non
     import hashlib
     import json
 
-    from .models.model_files import WEIGHT_PATTERNS
+    from ..models.model_files import WEIGHT_PATTERNS
 
     try:
         meta = json.loads((Path(path) / "effrag_config.json").read_text())

@@ -1,14 +1,16 @@
 #!/usr/bin/env python
-"""Ablation table from tuning runs: recall at a chunk cap for chosen configs, one row per lever.
+"""Which lever moved which number: one cross-fitted row per lever, from tuning folders.
 
-Each ``--row`` is ``LABEL=DIR_TEMPLATE:KEY=VALUE,KEY=VALUE``: ``DIR_TEMPLATE`` is a
-``scripts/tune_efficientrag.py --output`` folder with ``{dataset}`` in it, and the key/values pick
-one configuration of its ``results.jsonl`` (every key must match the run's resolved config). A cell
-is that configuration's recall with its pool cut at ``--cap`` chunks (``max_candidates=cap``) and,
-in brackets, the average chunks; the Direct-R row comes from the same folder's ``curve.json``.
+Each ``--row`` is ``LABEL=DIR_TEMPLATE[:KEY=VALUE,...]``: ``DIR_TEMPLATE`` is a ``scripts/tune_efficientrag.py
+--output`` folder with ``{dataset}`` in it; the optional key/values *restrict* its rows to configs with those
+values (``retrieval_weight=0`` is the ranker's order alone). Within what is left, the configs are chosen and
+scored as the shipped ones are (:func:`effrag.tuning.crossfit.crossfit`: per dataset, ``--folds`` folds, the
+bundled sample's questions left out), so every cell is a held-out figure of that lever's grid. A cell is the
+recall with at most each ``--budgets`` chunks; the last column is what the loop read per question.
 
-    python scripts/efficientrag_ablation.py --datasets hotpotqa 2wikimqa musique --cap 7 \\
-        --row "paper pool=runs/ablation/all-{dataset}:pool_source=continue,first_hop_k=10" ... \\
+    python scripts/efficientrag_ablation.py --datasets hotpotqa 2wikimqa musique \\
+        --row "ranker, hybrid=runs/tune/all-{dataset}" \\
+        --row "ranker order only=runs/tune/all-{dataset}:retrieval_weight=0,requery_weight=0" \\
         --output reports/efficientrag/ablation.md
 """
 from __future__ import annotations
@@ -19,7 +21,6 @@ import sys
 from pathlib import Path
 
 from effrag.evaluation.report import md_table
-from effrag.jsonl import read_jsonl
 
 
 def parse_value(v: str):
@@ -28,67 +29,62 @@ def parse_value(v: str):
             return cast(v)
         except ValueError:
             pass
-    return None if v == "None" else v
+    return {"None": None, "none": None, "true": True, "false": False}.get(v, v)
 
 
 def parse_row(spec: str) -> tuple[str, str, dict]:
     label, sep, rest = spec.partition("=")
     folder, _, keys = rest.partition(":")
     if not sep or not folder:
-        raise SystemExit(f"--row {spec!r}: expected LABEL=DIR_TEMPLATE:KEY=VALUE,...")
+        raise SystemExit(f"--row {spec!r}: expected LABEL=DIR_TEMPLATE[:KEY=VALUE,...]")
     want = {}
     for kv in filter(None, keys.split(",")):
-        k, s, v = kv.partition("=")
-        if not s:
+        k, eq, v = kv.partition("=")
+        if not eq:
             raise SystemExit(f"--row {spec!r}: {kv!r} is not KEY=VALUE")
         want[k] = parse_value(v)
     return label, folder, want
 
 
-def cell(folder: Path, want: dict, cap: int) -> str:
-    path = folder / "results.jsonl"
-    if not path.is_file():
-        return "-"
-    rows = list(read_jsonl(path))
-    match = [r for r in rows if all(r["config"].get(k) == v for k, v in want.items())]
-    if not match:
-        raise SystemExit(f"{path}: no configuration with {want}")
-    if len(match) > 1:
-        raise SystemExit(f"{path}: {len(match)} configurations match {want}; add keys to pick one")
-    point = next((c for c in match[0]["curve"] if c[0] == cap), None)
-    if point is None:
-        raise SystemExit(f"{path}: no curve point at {cap} chunks")
-    n = match[0]["setup"]["n"]
-    return f"{100 * point[1]:.1f} ({point[2]:.1f}; n={n})"
-
-
 def main(argv=None) -> int:
+    from effrag.tuning.crossfit import crossfit
+    from effrag.tuning.loop_configs import read_rows
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--datasets", nargs="+", required=True)
-    p.add_argument("--row", action="append", required=True, metavar="LABEL=DIR_TEMPLATE:KEY=VALUE,...")
-    p.add_argument("--cap", type=int, default=7)
-    p.add_argument("--direct-r", nargs="*", type=int, default=[7, 30], metavar="K",
-                   help="Direct-R@K rows, from the first row's curve.json (default 7 30)")
-    p.add_argument("--output", type=Path)
+    p.add_argument("--datasets", nargs="+", default=["hotpotqa", "2wikimqa", "musique"])
+    p.add_argument("--row", action="append", required=True, metavar="LABEL=DIR_TEMPLATE[:KEY=VALUE,...]")
+    p.add_argument("--budgets", type=int, nargs="+", default=[7, 10])
+    p.add_argument("--folds", type=int, default=5)
+    p.add_argument("--keep-sample", action="store_true", help="let the bundled sample's dev questions count too")
+    p.add_argument("--output", required=True, type=Path, help="markdown table (a .json beside it holds every figure)")
     args = p.parse_args(argv)
-    rows = [parse_row(r) for r in args.row]
-    table = []
-    first = rows[0][1]
-    for k in args.direct_r:
-        cells = []
-        for ds in args.datasets:
-            curve = Path(first.format(dataset=ds)) / "curve.json"
-            d = {x["k"]: x for x in json.loads(curve.read_text())["direct_r"]} if curve.is_file() else {}
-            cells.append(f"{100 * d[k]['recall']:.1f}" if k in d else "-")
-        table.append([f"Direct-R@{k} (same questions)", *cells])
-    for label, folder, want in rows:
-        table.append([label, *(cell(Path(folder.format(dataset=ds)), want, args.cap) for ds in args.datasets)])
-    text = md_table([f"lever (recall % with the pool cut at {args.cap} chunks; avg chunks, questions)", *args.datasets],
-                    table, "l" + "r" * len(args.datasets))
-    print(text)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text)
+    skip = []
+    if not args.keep_sample:
+        from effrag.data import load_questions, sample_path
+
+        skip = [q.id for d in args.datasets for q in load_questions(sample_path(d, "dev"))]
+    head = ["lever", *(f"{d} <= {b}" for d in args.datasets for b in args.budgets), "read per question (L / R / F)"]
+    body, figures = [], {}
+    for spec in args.row:
+        label, template, want = parse_row(spec)
+        cells, read = [], []
+        for d in args.datasets:
+            rows = [r for r in read_rows(template.format(dataset=d))
+                    if all(r["config"].get(k) == v for k, v in want.items())]
+            if not rows:
+                raise SystemExit(f"--row {label!r}: no config of {template.format(dataset=d)} has {want}")
+            res = crossfit({d: rows}, args.budgets, k=args.folds, exclude=skip)["datasets"][d]
+            figures[f"{label}/{d}"] = res
+            cells += [f"{100 * res['recall'][b]:.1f}" for b in args.budgets]
+            read.append("/".join(f"{x:.0f}" for x in res["forwards"]))
+        body.append([label, *cells, ", ".join(read)])
+    table = md_table(head, body, "l" + "r" * (len(head) - 2) + "l")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    note = (f"Recall %, cross-fitted ({args.folds} folds) within each row's grid; questions: every dev question"
+            f"{'' if args.keep_sample else ' except the bundled sample' + chr(39) + 's'}.\n\n")
+    args.output.write_text(note + table + "\n")
+    args.output.with_suffix(".json").write_text(json.dumps(figures, indent=1, default=str))
+    print(note + table)
     return 0
 
 

@@ -1,21 +1,23 @@
 #!/usr/bin/env python
-"""EfficientRAG vs Direct-R on dev files, from tuning runs: Table-2 shape, recall-vs-chunks curve and plot.
+"""EfficientRAG against the strongest plain retriever on the dev files, every EfficientRAG figure cross-fitted.
 
-Reads each dataset's tuning folder (``scripts/tune_efficientrag.py --output DIR``: ``best.json`` = the
-loop config chosen within the chunk budget, ``curve.json`` = Direct-R@1..30 on the same questions,
-retriever and gold) and writes into ``--output``:
+Reads one tuning folder per dev file (``scripts/tune_efficientrag.py --output DIR``: every config's per-question
+pool positions), chooses the configs to ship (``effrag.tuning.loop_configs``: ``loop-<dataset>.json`` per dev file,
+``loop.json`` jointly; with ``--system DIR`` they are written there), and writes into ``--output``:
 
-* ``table2.md``: Direct-R@7/10/20/30 next to EfficientRAG's recall / chunks with the chosen config,
-  and whether the bar (recall >= Direct-R@``--bar-k`` within ``--budget`` chunks) is met;
-* ``curve.md``: at every chunk count 1..10, Direct-R@k against the chosen config's pool cut at k chunks
-  (``max_candidates=k``: one config, the cap varied), and whether EfficientRAG is ahead;
-* ``recall_vs_chunks.png`` / ``.md``: the plot (``effrag.evaluation.plots``).
+* ``table2.md``: Direct-R with BM25, dense and hybrid at 7 / 10 / 20 / 30 on the same questions, next to
+  EfficientRAG with at most 7 and 10 chunks (per-dataset configs and ``loop.json``, both cross-fitted: each
+  question scored by a config chosen on the other folds), what the loop read per question, and the targets
+  (<= 7 chunks >= the strongest Direct-R@20; <= 10 chunks >= the strongest Direct-R@30);
+* ``curve.md`` and ``recall_vs_chunks.png``: recall at 1..10 chunks, EfficientRAG's held-out curve against
+  the strongest Direct-R's;
+* ``crossfit.json``: every figure, the configs each fold chose, and which questions chose what.
 
-With ``--card DIR`` the same tables go into ``DIR/README.md`` (the checkpoint's model card, next to
-``labeler/``, ``filter/`` and ``loop-<dataset>.json``).
+The bundled sample's dev questions (the quickstart's) are left out of every choice and every figure here
+(``--keep-sample`` keeps them), so the quickstart shows questions that chose nothing.
 
     python scripts/efficientrag_report.py --tune hotpotqa=runs/tune/all-hotpotqa 2wikimqa=... musique=... \\
-        --output reports/efficientrag/dev --card checkpoints/efficientrag-all
+        --data ../shared/data --system checkpoints/efficientrag-all --output reports/efficientrag/dev
 """
 from __future__ import annotations
 
@@ -27,93 +29,152 @@ from pathlib import Path
 from effrag.evaluation.report import md_table
 
 TABLE_KS = (7, 10, 20, 30)
+KINDS = ("bm25", "dense", "hybrid")
+TARGETS = {7: 20, 10: 30}  # chunks -> the Direct-R depth EfficientRAG must reach
 
 
-def load_tuning(folder: Path) -> dict:
+def sample_ids(datasets) -> list[str]:
+    from effrag.data import load_questions, sample_path
+
+    return [q.id for d in datasets for q in load_questions(sample_path(d, "dev"))]
+
+
+def direct_r(data: Path, dataset: str, skip: set[str]) -> dict[str, dict[int, float]]:
+    """Direct-R recall at k = 1..30 for each retriever kind, on the dev questions not in ``skip``: the top 30 cut
+    at k (``effrag eval --k 1 ... --k 30``); for hybrid, the better of that and fusing each retriever's own top k
+    (``effrag eval --retriever hybrid --k K``), so that the baseline is the stronger of the two."""
+    from effrag.evaluation.metrics import recall
+    from effrag.experiment import RunSetup
+
     out = {}
-    for name in ("best.json", "curve.json"):
-        path = folder / name
-        if not path.is_file():
-            raise SystemExit(f"{path}: missing (run scripts/tune_efficientrag.py --output {folder} first)")
-        try:
-            out[name.split(".")[0]] = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise SystemExit(f"{path}: not JSON ({e})") from None
-    if not out["best"].get("curve"):
-        raise SystemExit(f"{folder}/best.json has no 'curve': rerun the tuner (this version records it)")
+    for kind in KINDS:
+        run = RunSetup.build(data / dataset / "dev.jsonl", corpus_from=[data / dataset / "train.jsonl"], retriever=kind,
+                             bf16=True)
+        keep = [i for i, q in enumerate(run.questions) if q.id not in skip]
+        texts, gold = [run.texts[i] for i in keep], [run.gold[i] for i in keep]
+        ks = range(1, 31)
+        top = run.retriever.search(texts, max(ks))
+        score = lambda hits: sum(recall([h.id for h in hs], g) for hs, g in zip(hits, gold)) / len(gold)  # noqa: E731
+        out[kind] = {k: score([h[:k] for h in top]) for k in ks}
+        if kind == "hybrid":  # fusing each retriever's own top k can beat the fused top 30 cut at k: the better one
+            out[kind] = {k: max(v, score(run.retriever.search(texts, k))) for k, v in out[kind].items()}
     return out
 
 
-def tables(runs: dict[str, dict], budget: float, bar_k: int) -> tuple[str, str, list[dict]]:
-    t2_head = ["dataset (dev questions)", *(f"Direct-R@{k}" for k in TABLE_KS), "EfficientRAG recall / chunks",
-               "seen recall / chunks", f"bar: >= Direct-R@{bar_k} with <= {budget:g} chunks"]
-    t2_rows: list[list[str]] = []
-    curve_rows: list[list[str]] = []
-    rows: list[dict] = []
-    for ds, run in runs.items():
-        direct = {d["k"]: d for d in run["curve"]["direct_r"]}
-        best, n = run["best"], run["curve"]["setup"]["n"]
-        m = best["metrics"]
-        met = m["recall"] >= direct[bar_k]["recall"] and m["avg_chunks"] <= budget
-        seen = f"{100 * m['seen_recall']:.2f} / {m['avg_seen']:.1f}" if "seen_recall" in m else "-"
-        t2_rows.append([f"{ds} ({n})", *(f"{100 * direct[k]['recall']:.2f}" for k in TABLE_KS),
-                        f"**{100 * m['recall']:.2f} / {m['avg_chunks']:.2f}**", seen,
-                        f"{'met' if met else 'missed'} ({100 * (m['recall'] - direct[bar_k]['recall']):+.2f})"])
-        er = {c: (rec, ch) for c, rec, ch in best["curve"]}
-        cells_d = [f"{100 * direct[k]['recall']:.1f}" for k in range(1, 11)]
-        cells_e = [(f"**{100 * er[k][0]:.1f}**" if er[k][0] > direct[k]["recall"] else f"{100 * er[k][0]:.1f}")
-                   + (f" ({er[k][1]:.1f})" if abs(er[k][1] - k) > 0.05 else "") if k in er else "-"
-                   for k in range(1, 11)]
-        curve_rows += [[f"{ds}: Direct-R@k", *cells_d], [f"{ds}: EfficientRAG, cap k", *cells_e]]
-        for k, d in sorted(direct.items()):
-            # no "k" key: the x axis already says how many chunks, and 30 point labels would hide the lines
-            rows.append({"method": "direct-r (top k)", "dataset": ds, "recall": d["recall"], "avg_chunks": d["avg_chunks"]})
-        for c, rec, ch in best["curve"]:
-            rows.append({"method": "efficientrag (loop-<dataset>.json, pool cut at k)", "dataset": ds, "recall": rec,
-                         "avg_chunks": ch})
-    t2 = md_table(t2_head, t2_rows, "l" + "r" * len(TABLE_KS) + "rrc")
-    curve = md_table(["dataset", *(f"{k}" for k in range(1, 11))], curve_rows, "l" + "r" * 10)
-    return t2, curve, rows
+def strongest(direct: dict[str, dict[int, float]], k: int) -> tuple[str, float]:
+    kind = max(KINDS, key=lambda kd: direct[kd][k])
+    return kind, direct[kind][k]
+
+
+def table2(report: dict, direct: dict, budgets) -> str:
+    head = ["dataset (questions)", *(f"{kd} @{k}" for kd in KINDS for k in TABLE_KS),
+            *(f"EfficientRAG <= {b}, loop-<dataset>.json" for b in budgets),
+            *(f"EfficientRAG <= {b}, loop.json" for b in budgets), "read per question (Labeler / ranker / Filter)",
+            *(f"target <= {b} chunks vs strongest @{TARGETS[b]}" for b in budgets if b in TARGETS)]
+    rows = []
+    for ds, dr in direct.items():
+        own = report["per_dataset"][ds]["crossfit"]["datasets"][ds]
+        gen = report["general"]["crossfit"]["datasets"][ds]
+        cells = [f"{ds} ({own['n']})", *(f"{100 * dr[kd][k]:.1f}" for kd in KINDS for k in TABLE_KS)]
+        cells += [f"**{100 * own['recall'][b]:.1f}**" for b in budgets]
+        cells += [f"{100 * gen['recall'][b]:.1f}" for b in budgets]
+        cells.append(" / ".join(f"{x:.1f}" for x in own["forwards"]))
+        for b in budgets:
+            if b in TARGETS:
+                kind, bar = strongest(dr, TARGETS[b])
+                best = max(own["recall"][b], gen["recall"][b])
+                cells.append(f"{'met' if own['recall'][b] >= bar else 'missed'} ({100 * (own['recall'][b] - bar):+.1f} "
+                             f"vs {kind} {100 * bar:.1f}; loop.json {100 * (gen['recall'][b] - bar):+.1f})"
+                             if best is not None else "-")
+        rows.append(cells)
+    return md_table(head, rows, "l" + "r" * (len(head) - 1))
+
+
+def curve(report: dict, direct: dict) -> tuple[str, list[dict]]:
+    rows, plot = [], []
+    for ds, dr in direct.items():
+        own = report["per_dataset"][ds]["crossfit"]["datasets"][ds]["curve"]
+        gen = report["general"]["crossfit"]["datasets"][ds]["curve"]
+        best = [strongest(dr, k) for k in range(1, 11)]
+        rows.append([f"{ds}: strongest Direct-R@k", *(f"{100 * v:.1f} ({kd})" for kd, v in best)])
+        rows.append([f"{ds}: EfficientRAG, loop-{ds}.json", *(f"{100 * r:.1f}" for _, r, _ in own)])
+        rows.append([f"{ds}: EfficientRAG, loop.json", *(f"{100 * r:.1f}" for _, r, _ in gen)])
+        for k in range(1, 31):
+            kind, v = strongest(dr, k)
+            plot.append({"method": "Direct-R, strongest retriever at each k", "dataset": ds, "recall": v,
+                         "avg_chunks": float(k)})
+        for name, series in ((f"EfficientRAG loop-<dataset>.json (cross-fitted)", own),
+                             ("EfficientRAG loop.json (cross-fitted)", gen)):
+            plot += [{"method": name, "dataset": ds, "recall": r, "avg_chunks": ch} for _, r, ch in series]
+    return md_table(["", *(str(k) for k in range(1, 11))], rows, "l" + "r" * 10), plot
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tune", nargs="+", required=True, metavar="DATASET=DIR")
+    p.add_argument("--data", type=Path, default=Path("../shared/data"), help="<dataset>/{train,dev}.jsonl")
+    p.add_argument("--system", type=Path, help="write loop-<dataset>.json and loop.json into this system folder")
     p.add_argument("--output", required=True, type=Path)
-    p.add_argument("--budget", type=float, default=7.0, help="chunk budget of the bar (default 7)")
-    p.add_argument("--bar-k", type=int, default=30, help="the bar: Direct-R at this k (default 30)")
-    p.add_argument("--card", type=Path, help="checkpoint folder whose README.md gets the tables")
+    p.add_argument("--budgets", type=int, nargs="+", default=[7, 10])
+    p.add_argument("--folds", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep-sample", action="store_true", help="let the bundled sample's dev questions choose too")
     args = p.parse_args(argv)
-    runs = {}
+    from effrag.tuning.loop_configs import write_loop_configs
+
+    tunes = {}
     for item in args.tune:
         ds, sep, folder = item.partition("=")
         if not sep:
             p.error(f"--tune {item!r}: expected DATASET=DIR")
-        runs[ds] = load_tuning(Path(folder))
-    t2, curve, rows = tables(runs, args.budget, args.bar_k)
+        tunes[ds] = Path(folder)
+    skip = [] if args.keep_sample else sample_ids(tunes)
     args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "table2.md").write_text(t2)
-    curve_md = ("Recall % at k chunks: Direct-R@k vs the chosen loop config's pool cut at k "
-                "(bold = EfficientRAG ahead; average chunks in brackets where the pool is smaller than k)\n\n" + curve)
-    (args.output / "curve.md").write_text(curve_md)
-    from effrag.evaluation.plots import write_report_plot
-
+    system = args.system or args.output / "configs"
+    system.mkdir(parents=True, exist_ok=True)
+    report = write_loop_configs(tunes, system, budgets=args.budgets, k=args.folds, seed=args.seed, exclude=skip)
+    direct = {ds: direct_r(args.data, ds, set(skip)) for ds in tunes}
+    report["direct_r"] = {ds: {kd: {str(k): v for k, v in c.items()} for kd, c in d.items()} for ds, d in direct.items()}
+    t2 = table2(report, direct, args.budgets)
+    cv, plot = curve(report, direct)
+    who = ("every dev question except the bundled sample's (the quickstart's)" if skip else "every dev question")
+    note = (f"Recall %. EfficientRAG figures are cross-fitted ({args.folds} folds, seed {args.seed}): each question "
+            f"is scored by the config chosen on the other folds (best mean recall at {' and '.join(map(str, args.budgets))} "
+            f"chunks; loop.json: jointly over the datasets). Questions: {who}. Retriever under the loop: "
+            f"{report['retriever']}.\n")
+    (args.output / "table2.md").write_text(note + "\n" + t2)
+    (args.output / "curve.md").write_text("Recall % at k chunks (cross-fitted), against the strongest Direct-R@k "
+                                          "(its retriever in brackets)\n\n" + cv)
+    (args.output / "crossfit.json").write_text(json.dumps(report, indent=1, default=str))
     try:
-        write_report_plot(rows, args.output,
-                          title="EfficientRAG (pool cut at k) vs Direct-R@k, dev files")
+        from effrag.evaluation.plots import write_report_plot
+
+        write_report_plot(plot, args.output, title="EfficientRAG (cross-fitted) vs the strongest Direct-R, dev files")
     except ImportError as e:  # matplotlib is the optional [plots] extra
         print(f"plot skipped: {e}", file=sys.stderr)
-    print(t2 + "\n" + curve_md)
-    if args.card:
-        card = args.card / "README.md"
-        head = card.read_text().split("\n## Dev figures")[0].rstrip() + "\n" if card.is_file() else \
-            f"# {args.card.name}\n\nEfficientRAG Labeler (`labeler/`), Filter (`filter/`) and loop configs " \
-            "(`loop-<dataset>.json`, tuned on each dev file).\n"
-        configs = "\n".join(f"- `loop-{ds}.json`: " + json.dumps(
-            {k: v for k, v in run["best"]["config"].items() if k not in ("batch_size", "bf16")}) for ds, run in runs.items())
-        card.write_text(head + "\n## Dev figures (recall %, dense MiniLM retriever for both methods)\n\n" + t2
-                        + "\n" + curve_md + "\n## Loop configs\n\n" + configs + "\n")
+    print(note + "\n" + t2 + "\n\n" + cv)
+    if args.system:
+        write_card(args.system, note, t2, cv, report)
     return 0
+
+
+def write_card(system: Path, note: str, t2: str, cv: str, report: dict) -> None:
+    """The system folder's README.md: its own head kept, the dev figures and the shipped configs rewritten."""
+    card = system / "README.md"
+    head = card.read_text().split("\n## Dev figures")[0].rstrip() + "\n" if card.is_file() else (
+        f"# {system.name}\n\nAn EfficientRAG system: Labeler (`labeler/`), Filter (`filter/`), pool ranker "
+        "(`ranker/`), the general loop config (`loop.json`) and one per dev file (`loop-<dataset>.json`). Open it "
+        f"with `EfficientRAG.from_pretrained(\"{system}\", corpus=...)` or `effrag eval --method efficientrag "
+        f"--model {system} ...`.\n")
+    shipped = ["- `loop.json` (chosen jointly): " + json.dumps(_short(report["general"]["chosen"]["config"]))]
+    shipped += [f"- `loop-{d}.json`: " + json.dumps(_short(r["chosen"]["config"]))
+                for d, r in report["per_dataset"].items()]
+    card.write_text(head + "\n## Dev figures (cross-fitted)\n\n" + note + "\n" + t2 + "\n\n### Recall at 1..10 chunks\n\n"
+                    + cv + "\n\n## Loop configs\n\n" + "\n".join(shipped) + "\n")
+
+
+def _short(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k not in ("batch_size", "bf16", "chunk_format")}
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ class ModelSpec(NamedTuple):
     usage: str = ""  # how to use the installed model, beyond load_model ({path} is its folder)
     paper_config: bool = False  # has configs/<model>_paper.yaml
     after_install: tuple = ()  # a script run on the installed folder ({path}, {data}: --data), e.g. tuning
+    install: str | None = None  # the checkpoint to install when --install is not given (default: best)
 
 
 MODELS = {
@@ -65,6 +66,15 @@ MODELS = {
     "filter": ModelSpec(
         "EfficientRAG Filter (token head)", "efficientrag-{name}/filter", TOKEN_KEYS + ["exact_match"],
         "best checkpoint; word level, positive class = keep", paper_config=True),
+    "ranker": ModelSpec(
+        "EfficientRAG pool ranker (one relevance logit per (query, chunk), listwise over hard-negative groups)",
+        "efficientrag-{name}/ranker", ["top1", "mrr", "gold_in_top3", "rank_loss"],
+        "last checkpoint (the end of the schedule: no dev question chooses it), on dev groups from `effrag "
+        "ranker-data`; top1: a group's gold ranked first of 8; mrr: mean reciprocal rank of the gold",
+        data_note="`effrag ranker-data`: each (query, gold chunk) of the synthesised Labeler records against 7 "
+                  "hybrid negatives of the same query (+ the question's own distractors), 2 groups per gold",
+        unit="groups", usage="the loop ranks its pool with it (`pool_order: rank`); a system folder's `ranker/`",
+        install="last"),
     "irrr": ModelSpec(
         "IRRR (Qi et al., 2021): one encoder with query-term, reader (SPAN/YES/NO/NOANSWER + span) and reranker "
         "heads", "irrr-{name}",
@@ -143,6 +153,8 @@ def role_overrides(args, role: str, extra: list[str]) -> list[str]:
     if role in ("irrr", "reader"):
         train, evals = data_paths(args, role)
         out = ["--data.train_file", train, "--data.eval_files", ",".join(evals)]
+    elif role == "ranker":
+        out = ["--data.train_file", str(Path(args.ranker_data) / "ranker.jsonl")] if args.ranker_data else []
     else:
         out = ["--data.train_file", str(Path(args.synth) / f"{role}.jsonl")] if args.synth else []
     out += list(extra)
@@ -244,9 +256,10 @@ def install(args, role: str, out_dir: Path, cmd: list[str], wall: float | None, 
     card = dest / "README.md"
     old_card = card.read_text() if wall is None and card.is_file() else None
     shutil.rmtree(dest, ignore_errors=True)
-    shutil.copytree(out_dir / args.install, dest)
+    which = args.install or spec.install or "best"
+    shutil.copytree(out_dir / which, dest)
     recipe = "python " + shlex.join(["scripts/train_models.py", *sys.argv[1:]]).replace(str(REPO) + "/", "")
-    card.write_text(old_card or model_card(args.name, role, out_dir, cmd, wall, data_commands, recipe, args.install))
+    card.write_text(old_card or model_card(args.name, role, out_dir, cmd, wall, data_commands, recipe, which))
     if spec.after_install:
         step = [sys.executable, *after_install_command(spec, str(dest.relative_to(REPO)), str(args.data))]
         print("+", shlex.join(step), flush=True)
@@ -262,8 +275,10 @@ def main() -> int:
     p.add_argument("--launch-args", default="", help="raw accelerate launch arguments (GPU/DeepSpeed setups)")
     p.add_argument("--paper", action="store_true", help="use configs/*_paper.yaml (DeBERTa-v3-large; GPUs)")
     p.add_argument("--force", action="store_true", help="retrain even if the run finished")
-    p.add_argument("--install", choices=("best", "last"), default="best",
-                   help="the run's checkpoint to install: best by the dev records' metric, or the end of the schedule")
+    p.add_argument("--install", choices=("best", "last"), default=None,
+                   help="the run's checkpoint to install: best by the dev records' metric, or the end of the schedule "
+                        "(default: best; last for the ranker)")
+    p.add_argument("--ranker-data", metavar="DIR", help="`effrag ranker-data` output: the ranker trains on DIR/ranker.jsonl")
     p.add_argument("--synth", metavar="DIR", help="synthesis output dir: Labeler/Filter train on DIR/<model>.jsonl")
     p.add_argument("--labeler-overrides", default="", metavar="ARGS",
                    help="overrides for the Labeler only, e.g. '--model.name_or_path smollm2 --train.lr 5e-5'")

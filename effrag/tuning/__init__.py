@@ -6,9 +6,9 @@ results into cross-fitted figures (choose on some folds, score the held-out one)
 configs, per dataset and jointly over datasets (``loop.json``).
 """
 from .efficientrag import (GRID_TYPES, CachedModel, CachedRetriever, best_per_budget, best_within, candidates,
-                           direct_r_curve, loop_key, model_fingerprint, pareto, parse_grid, run_grid, score_results,
+                           direct_r_curve, forwards, loop_key, model_fingerprint, pareto, parse_grid, run_grid, score_results,
                            tuning_report)
 
 __all__ = ["GRID_TYPES", "CachedModel", "CachedRetriever", "best_per_budget", "best_within", "candidates",
-           "direct_r_curve", "loop_key", "model_fingerprint", "pareto", "parse_grid", "run_grid", "score_results",
+           "direct_r_curve", "forwards", "loop_key", "model_fingerprint", "pareto", "parse_grid", "run_grid", "score_results",
            "tuning_report"]

@@ -113,11 +113,12 @@ def parse_grid(items: Sequence[str]) -> list[dict[str, Any]]:
     return [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
 
 
-def forwards(result: Result) -> list[int]:
-    """``[Labeler pairs, ranker pairs, Filter inputs]`` one EfficientRAG result read: its reading cost."""
-    chunks = [c for e in result.trace for c in e["chunks"]]
+def forwards(hops: Sequence[dict]) -> list[int]:
+    """``[Labeler pairs, ranker pairs, Filter inputs]`` an EfficientRAG loop read for one question (its per-hop
+    trace: a result's ``trace``, or ``trace["hops"]`` of a predictions row): its reading cost."""
+    chunks = [c for e in hops for c in e["chunks"]]
     return [sum(c.get("p_continue") is not None for c in chunks), sum("rank_score" in c for c in chunks),
-            sum(len(e.get("filter_inputs", [])) for e in result.trace)]
+            sum(len(e.get("filter_inputs", [])) for e in hops)]
 
 
 def per_question(results: Sequence[Result], gold: Sequence[Sequence[str]], ids: Sequence[str]) -> list[list]:
@@ -128,7 +129,7 @@ def per_question(results: Sequence[Result], gold: Sequence[Sequence[str]], ids: 
     for qid, r, g in zip(ids, results, gold):
         want = set(g)
         out.append([qid, len(want), [i for i, c in enumerate(r.chunks, start=1) if c.id in want], len(r.chunks),
-                    forwards(r)])
+                    forwards(r.trace)])
     return out
 
 

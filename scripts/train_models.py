@@ -165,8 +165,10 @@ def launch_command(args, role: str, out_dir: Path, extra: list[str]) -> tuple[li
     else:
         launcher += ["--num_processes", "1"]
     launcher += ["--num_machines", "1", "--dynamo_backend", "no"]
-    config = REPO / "configs" / (f"{role}_paper.yaml" if args.paper else f"{role}.yaml")
-    cmd = [*launcher, str(REPO / "train.py"), "--config", str(config), "--output_dir", str(out_dir), *extra]
+    # relative to the repo (every run starts there): the paths the checkpoint's effrag_config.json records
+    config = Path("configs") / (f"{role}_paper.yaml" if args.paper else f"{role}.yaml")
+    cmd = [*launcher, "train.py", "--config", str(config), "--output_dir",
+           str(out_dir.relative_to(REPO) if out_dir.is_relative_to(REPO) else out_dir), *extra]
     if (out_dir / "checkpoints").is_dir() and any((out_dir / "checkpoints").glob("step_*/trainer_state.json")):
         cmd += ["--resume_from_checkpoint", "latest"]
     return cmd, env

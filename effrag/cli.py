@@ -216,9 +216,9 @@ def add_eval_parser(sub) -> None:
                    help="LLM for answers: 'default' (bundled SmolLM2), gguf:PATH, hf:default|PATH[#PRECISION] or openai:URL#model; "
                         "retrieval-only methods then also answer with the paper's retrieval prompt")
     g = p.add_argument_group("extractive reader (answers without an LLM)")
-    g.add_argument("--reader", default=None, metavar="DIR",
-                   help="trained reader checkpoint (checkpoints/reader-all): retrieval methods answer their pool with "
-                        "it; SearChain verifies with it")
+    g.add_argument("--reader", default=None, metavar="DIR|NAME",
+                   help="trained reader checkpoint folder or a shipped reader's name (reader-all): retrieval methods "
+                        "answer their pool with it; SearChain verifies with it (default reader-all)")
     g.add_argument("--reader-mode", choices=("together", "each"), default="together",
                    help="read the ranked chunks packed into windows (default) or each chunk alone")
     g.add_argument("--reader-context", choices=("chunks", "kept_words"), default="chunks",
@@ -236,6 +236,7 @@ def _cmd_eval(args) -> None:
     from effrag.evaluation import evaluate, markdown_table
     from effrag.experiment import RunSetup, method_options
     from effrag.pipelines import build_pipeline, get_pipeline_class, llm_options, reader_options
+    from effrag.pretrained import resolve_model
     from effrag.tuning import model_fingerprint
 
     cls = get_pipeline_class(args.method)
@@ -267,13 +268,13 @@ def _cmd_eval(args) -> None:
         shutil.rmtree(out)
     # the method's checkpoints (EfficientRAG's Labeler/Filter, IRRR): a model retrained at the same path never resumes
     model_files = {key: fp for key, v in method_opts.items()
-                   if isinstance(v, (str, Path)) and (fp := model_fingerprint(v)) is not None}
+                   if isinstance(v, (str, Path)) and (fp := model_fingerprint(resolve_model(v))) is not None}
     config = {"method": pipeline.name, **setup.describe(), **({"model_files": model_files} if model_files else {}),
               "index_type": args.index_type if kind != "bm25" else None,
               "bf16": args.bf16, "k": ks, "limit": args.limit, "batch_size": args.batch_size,
               "method_options": method_opts, "llm": args.llm, "answer_aliases": answer_aliases,
               **({"reader": {"path": args.reader, "mode": args.reader_mode, "context": args.reader_context,
-                             "model": model_fingerprint(args.reader, with_options=True)}}  # retrained: no resume
+                             "model": model_fingerprint(resolve_model(args.reader), with_options=True)}}  # retrained: no resume
                  if args.reader else {}),
               **({"method_config": pipeline.config.to_json()} if hasattr(getattr(pipeline, "config", None), "to_json") else {})}
     entries = evaluate(pipeline, questions, setup.gold, out, config, ks=ks, batch_size=args.batch_size, seed=args.seed)

@@ -166,14 +166,16 @@ def open_retriever(kind: str, corpus, *, cache_dir: str | Path | None = None, en
 
 def open_index(index: str | Path, *, kind: str | None = None, corpus: Any = None, encoder: str | None = None,
                bf16: bool = False, **runtime: Any):
-    """A saved index (``effrag index build``); ``kind``, when given, must be the kind it holds."""
+    """A saved index (``effrag index build``); ``kind``, when given, must be the kind it holds (``dense`` also
+    names a Milvus index: its vectors are the same dense ones, stored in Milvus instead of a FAISS file)."""
     from effrag.data import Corpus
     from effrag.retrieval import load_retriever
     from effrag.retrieval.meta import read_meta
 
     held = read_meta(index)["kind"]
-    if kind and kind != held:
-        raise ValueError(f"--retriever {kind} but {index} holds a {held} index")
+    if kind and kind != held and not (kind == "dense" and held == "milvus"):
+        raise ValueError(f"--retriever {kind} but {index} holds a {held} index (leave --retriever out with --index: "
+                         "the index says what it is)")
     if corpus is not None and not isinstance(corpus, Corpus):
         corpus = Corpus.from_jsonl(corpus)
     return load_retriever(index, corpus=corpus, encoder_path=encoder, bf16=bf16, **runtime)

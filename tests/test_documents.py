@@ -70,6 +70,8 @@ def test_paragraphs_merge_up_to_max_words_and_long_ones_split_at_sentences():
     # a sentence longer than a passage is cut at the word limit; lines of a paragraph join with one space
     assert split_passages("a b c d e f g\nh", max_words=3) == ["a b c", "d e f", "g h"]
     assert split_passages("  \n\n ", max_words=3) == []
+    # a Markdown heading opens a passage, however short the one before
+    assert split_passages("intro.\n\n# Part two\n\nbody.", max_words=50) == ["intro.", "# Part two\n\nbody."]
     with pytest.raises(ValueError, match="max_words must be at least 1"):
         split_passages("x", max_words=0)
 

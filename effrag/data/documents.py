@@ -6,7 +6,7 @@ here, so that a folder of notes becomes an index in one command:
 
 - a folder: every ``.txt`` and ``.md`` file under it (sorted by path), split into paragraphs at blank
   lines; consecutive short paragraphs are merged and long ones split (at sentence ends when it can) so
-  that each passage has at most ``max_words`` words. A passage's title is its file's name without the
+  that each passage has at most ``max_words`` words, and a Markdown heading starts a new passage. A passage's title is its file's name without the
   suffix, plus ``(part N)`` when the file gave several passages (the title is read with the text by every
   model, as a dataset's article title is);
 - a JSONL of ``{"title"?, "text"}`` records (``id`` optional: :meth:`Corpus.from_jsonl`);
@@ -75,16 +75,17 @@ def _pieces(paragraph: str, max_words: int) -> list[str]:
 
 def split_passages(text: str, max_words: int = DEFAULT_MAX_WORDS) -> list[str]:
     """The passages of one document: its paragraphs, short neighbours merged (joined by a blank line) and
-    long ones split, each of at most ``max_words`` words."""
+    long ones split, each of at most ``max_words`` words; a Markdown heading (``# ...``) starts a new one."""
     if max_words < 1:
         raise ValueError(f"max_words must be at least 1, got {max_words}")
     out: list[str] = []
     current: list[str] = []
     size = 0
     for para in paragraphs(text):
+        heading = para.startswith("#")  # a Markdown heading opens a passage: it belongs to what follows it
         for piece in _pieces(para, max_words):
             n = len(piece.split())
-            if current and size + n > max_words:
+            if current and (size + n > max_words or heading):
                 out.append("\n\n".join(current))
                 current, size = [], 0
             current.append(piece)

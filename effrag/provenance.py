@@ -63,9 +63,15 @@ def portable_path(path: str | Path, roots: Mapping[str, str] | None = None) -> s
 
 
 def portable_text(text: str, roots: Mapping[str, str] | None = None) -> str:
-    """``text`` (a command line, a note) with every absolute path in it made :func:`portable_path`."""
+    """``text`` (a command line, a note) with every absolute path under one of the ``roots`` made
+    :func:`portable_path`; other absolute paths (``/dev/null``, ``/proc/cpuinfo``) are the same everywhere."""
     roots = path_roots() if roots is None else roots
-    return _ABSOLUTE.sub(lambda m: portable_path(m.group(0), roots), text)
+    under = tuple(r.rstrip("/") + "/" for r in roots)
+
+    def swap(m: re.Match) -> str:
+        path = m.group(0)
+        return portable_path(path, roots) if (path.rstrip("/") + "/").startswith(under) else path
+    return _ABSOLUTE.sub(swap, text)
 
 
 def portable(value: Any, roots: Mapping[str, str] | None = None) -> Any:

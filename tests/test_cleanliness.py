@@ -79,3 +79,14 @@ def test_no_numbered_work_periods_in_the_project_text():
     found = offences(WORK_PERIOD)
     assert not found, (f"{len(found)} line(s) date something by a work session (give the date, the commit or the "
                        "report instead):\n" + "\n".join(found[:40]))
+
+
+def test_portable_paths_name_a_root_never_this_machine():
+    from effrag.provenance import portable_path, portable_text
+
+    roots = {"/srv/data": "<data>", "/home/u/effrag": "", "/tmp": "<tmp>"}
+    assert portable_path("/srv/data/hotpotqa/dev.jsonl", roots) == "<data>/hotpotqa/dev.jsonl"
+    assert portable_path("/home/u/effrag/runs/train/x", roots) == "runs/train/x"
+    assert portable_path("/opt/models/e5", roots) == "<elsewhere>/e5" and portable_path("runs/a", roots) == "runs/a"
+    assert (portable_text("python /home/u/effrag/train.py --data /srv/data/a.jsonl 2>/dev/null; see https://x.org/tmp/a",
+                          roots) == "python train.py --data <data>/a.jsonl 2>/dev/null; see https://x.org/tmp/a")

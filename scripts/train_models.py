@@ -241,6 +241,8 @@ def install(args, role: str, out_dir: Path, cmd: list[str], wall: float | None, 
 
     A reused run (``wall`` None: it had finished before this invocation) keeps the card already installed
     beside it, which describes the invocation that trained it."""
+    from effrag.provenance import portable_text
+
     spec = MODELS[role]
     dest = REPO / "checkpoints" / spec.checkpoint.format(name=args.name)
     card = dest / "README.md"
@@ -248,7 +250,9 @@ def install(args, role: str, out_dir: Path, cmd: list[str], wall: float | None, 
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(out_dir / args.install, dest)
     recipe = "python " + shlex.join(["scripts/train_models.py", *sys.argv[1:]]).replace(str(REPO) + "/", "")
-    card.write_text(old_card or model_card(args.name, role, out_dir, cmd, wall, data_commands, recipe, args.install))
+    # the card is committed (and may ship): paths relative to the repo or the data root, never this machine's
+    card.write_text(portable_text(old_card or model_card(args.name, role, out_dir, cmd, wall, data_commands, recipe,
+                                                         args.install)))
     if spec.after_install:
         step = [sys.executable, *after_install_command(spec, str(dest.relative_to(REPO)), str(args.data))]
         print("+", shlex.join(step), flush=True)

@@ -8,9 +8,9 @@ under another id, e.g. a differently whitespaced copy from another dataset file)
 so that a near-duplicate of the gold chunk is never taught as irrelevant. With ``skip_answer``
 (``effrag synthesize --skip-answer-negatives``) a hit that states the question's answer (any alias, as whole
 words; yes/no answers excepted) is passed over too: a passage from elsewhere that holds the answer may be another
-support for it. In session 14's pooled train data about 4% of the dense negatives were such hits (366 of 8,497;
-MuSiQue: 7% of its hop-2 negatives state the hop-2 answer). Off by default: a recipe run with it tuned to the same dev
-recall (reports/efficientrag/labeler-2ep).
+support for it. In the pooled train data of the shipped recipe (2026-11-25) about 4% of the dense negatives were
+such hits (366 of 8,497; MuSiQue: 7% of its hop-2 negatives state the hop-2 answer). Off by default: a recipe run
+with it tuned to the same dev recall (reports/efficientrag/labeler-2ep).
 
 Searches are batched over many questions: one ``retriever.search`` call per batch.
 

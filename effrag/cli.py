@@ -26,6 +26,7 @@ SUBCOMMANDS: list[str] = [
     "effrag.cli:add_corpus_parser",
     "effrag.cli:add_index_parser",
     "effrag.cli:add_eval_parser",
+    "effrag.retrieve_cli:add_retrieve_parser",
     "data_synthesis.cli:add_synthesize_parser",
     "effrag.quickstart:add_quickstart_parser",
     "effrag.serve:add_serve_parser",
@@ -67,17 +68,28 @@ class _Parser(argparse.ArgumentParser):
 def add_corpus_parser(sub) -> None:
     p = sub.add_parser("corpus", help="build a retrieval corpus")
     csub = p.add_subparsers(dest="corpus_cmd", required=True, metavar="{build}")
-    b = csub.add_parser("build", help="pool the context passages of dataset files into corpus.jsonl")
-    b.add_argument("--inputs", nargs="+", required=True, metavar="FILE", help="dataset files, any supported format")
-    b.add_argument("--dataset", help="force the input format instead of detecting it")
+    b = csub.add_parser("build", help="pool passages (dataset contexts, your own documents) into corpus.jsonl")
+    b.add_argument("--inputs", nargs="+", required=True, metavar="FILE|DIR",
+                   help="dataset files (any supported format), JSONL files of {title?, text} passages (no id needed: "
+                        "ids are content hashes), or folders of .txt/.md files (split at blank lines)")
+    b.add_argument("--dataset", help="force the dataset files' format instead of detecting it")
+    _add_max_words_arg(b)
     b.add_argument("--output", required=True, metavar="corpus.jsonl")
     b.set_defaults(func=_cmd_corpus_build)
 
 
-def _cmd_corpus_build(args) -> None:
-    from effrag.data import build_corpus
+def _add_max_words_arg(p) -> None:
+    from effrag.data.documents import DEFAULT_MAX_WORDS
 
-    corpus = build_corpus(args.inputs, args.dataset)
+    p.add_argument("--max-words", type=positive_int, default=DEFAULT_MAX_WORDS, metavar="N",
+                   help="a folder of text files: merge short paragraphs and split long ones into passages of at "
+                        f"most N words (default {DEFAULT_MAX_WORDS})")
+
+
+def _cmd_corpus_build(args) -> None:
+    from effrag.data.documents import corpus_from_inputs
+
+    corpus = corpus_from_inputs(args.inputs, args.dataset, args.max_words)
     corpus.save(args.output)
     print(f"wrote {len(corpus)} passages from {len(args.inputs)} file(s) to {args.output}")
 
@@ -86,8 +98,11 @@ def _cmd_corpus_build(args) -> None:
 def add_index_parser(sub) -> None:
     p = sub.add_parser("index", help="build or verify a retrieval index")
     isub = p.add_subparsers(dest="index_cmd", required=True, metavar="{build,encode,verify}")
-    b = isub.add_parser("build", help="index a corpus.jsonl into DIR (resumes an interrupted dense build)")
-    b.add_argument("--corpus", required=True, metavar="corpus.jsonl")
+    b = isub.add_parser("build", help="index a corpus.jsonl or a folder of text files into DIR (resumes an "
+                                      "interrupted dense build)")
+    b.add_argument("--corpus", required=True, metavar="corpus.jsonl|DIR",
+                   help="passages {id?, title?, text} (JSONL), or a folder of .txt/.md files")
+    _add_max_words_arg(b)
     add_retriever_args(b, required=True)
     b.add_argument("--output", required=True, metavar="DIR", type=output_dir)
     b.add_argument("--overwrite", action="store_true",
@@ -107,7 +122,8 @@ def add_index_parser(sub) -> None:
     b.set_defaults(func=_cmd_index_build)
     e = isub.add_parser("encode", help="encode a corpus into DIR/emb_shards, resumably and data-parallel "
                                        "(accelerate launch / torchrun -m effrag.cli index encode ...)")
-    e.add_argument("--corpus", required=True, metavar="corpus.jsonl")
+    e.add_argument("--corpus", required=True, metavar="corpus.jsonl|DIR")
+    _add_max_words_arg(e)
     e.add_argument("--encoder", metavar="PATH", help="local HF encoder folder (default: all-MiniLM-L6-v2)")
     e.add_argument("--bf16", action="store_true", help="bfloat16 autocast (see effrag index build --help)")
     e.add_argument("--output", required=True, metavar="DIR", type=output_dir,
@@ -164,7 +180,7 @@ def _cmd_index_encode(args) -> None:
     from effrag.retrieval import Encoder, encode_shards, init_distributed
 
     rank, world = init_distributed()
-    corpus = open_corpus(args.corpus)
+    corpus = open_corpus(args.corpus, max_words=args.max_words)
     store = Path(args.output) / "emb_shards"
     stats = encode_shards(Encoder(args.encoder, bf16=args.bf16), corpus.passages, store,
                           shard_size=args.shard_size, batch_size=args.batch_size,
@@ -187,7 +203,7 @@ def _cmd_index_build(args) -> None:
             raise FileExistsError(f"{out} already holds an index ({META}); --overwrite replaces it, "
                                   "or choose another --output")
         remove_index(out)
-    corpus = open_corpus(args.corpus)
+    corpus = open_corpus(args.corpus, max_words=args.max_words)
     kind = "milvus" if args.backend == "milvus" else args.retriever
     shards = {"cache_dir": out / "emb_shards"} if kind != "bm25" else {}  # a killed build resumes
     retriever = open_retriever(kind, corpus, cache=False, encoder=args.encoder, bf16=args.bf16,
@@ -216,9 +232,9 @@ def add_eval_parser(sub) -> None:
                    help="LLM for answers: 'default' (bundled SmolLM2), gguf:PATH, hf:default|PATH[#PRECISION] or openai:URL#model; "
                         "retrieval-only methods then also answer with the paper's retrieval prompt")
     g = p.add_argument_group("extractive reader (answers without an LLM)")
-    g.add_argument("--reader", default=None, metavar="DIR",
-                   help="trained reader checkpoint (checkpoints/reader-all): retrieval methods answer their pool with "
-                        "it; SearChain verifies with it")
+    g.add_argument("--reader", default=None, metavar="DIR|NAME",
+                   help="trained reader checkpoint folder or a shipped reader's name (reader-all): retrieval methods "
+                        "answer their pool with it; SearChain verifies with it (default reader-all)")
     g.add_argument("--reader-mode", choices=("together", "each"), default="together",
                    help="read the ranked chunks packed into windows (default) or each chunk alone")
     g.add_argument("--reader-context", choices=("chunks", "kept_words"), default="chunks",
@@ -236,6 +252,7 @@ def _cmd_eval(args) -> None:
     from effrag.evaluation import evaluate, markdown_table
     from effrag.experiment import RunSetup, method_options
     from effrag.pipelines import build_pipeline, get_pipeline_class, llm_options, reader_options
+    from effrag.pretrained import resolve_model
     from effrag.tuning import model_fingerprint
 
     cls = get_pipeline_class(args.method)
@@ -267,13 +284,13 @@ def _cmd_eval(args) -> None:
         shutil.rmtree(out)
     # the method's checkpoints (EfficientRAG's Labeler/Filter, IRRR): a model retrained at the same path never resumes
     model_files = {key: fp for key, v in method_opts.items()
-                   if isinstance(v, (str, Path)) and (fp := model_fingerprint(v)) is not None}
+                   if isinstance(v, (str, Path)) and (fp := model_fingerprint(resolve_model(v))) is not None}
     config = {"method": pipeline.name, **setup.describe(), **({"model_files": model_files} if model_files else {}),
               "index_type": args.index_type if kind != "bm25" else None,
               "bf16": args.bf16, "k": ks, "limit": args.limit, "batch_size": args.batch_size,
               "method_options": method_opts, "llm": args.llm, "answer_aliases": answer_aliases,
               **({"reader": {"path": args.reader, "mode": args.reader_mode, "context": args.reader_context,
-                             "model": model_fingerprint(args.reader, with_options=True)}}  # retrained: no resume
+                             "model": model_fingerprint(resolve_model(args.reader), with_options=True)}}  # retrained: no resume
                  if args.reader else {}),
               **({"method_config": pipeline.config.to_json()} if hasattr(getattr(pipeline, "config", None), "to_json") else {})}
     entries = evaluate(pipeline, questions, setup.gold, out, config, ks=ks, batch_size=args.batch_size, seed=args.seed)

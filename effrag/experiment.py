@@ -75,7 +75,8 @@ def add_corpus_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("corpus")
     g.add_argument("--corpus-from", nargs="+", default=[], metavar="FILE",
                    help="pool the corpus from these files' contexts plus the questions' own (index cached)")
-    g.add_argument("--corpus", metavar="corpus.jsonl", help="corpus file (indexed and cached unless --index)")
+    g.add_argument("--corpus", metavar="corpus.jsonl|DIR",
+                   help="corpus file, or a folder of .txt/.md files (indexed and cached unless --index)")
     g.add_argument("--index", metavar="DIR", help="a saved index (from `effrag index build`)")
     g.add_argument("--cache-dir", type=Path, default=None, help=f"index cache (default {default_cache_dir()})")
 
@@ -129,18 +130,20 @@ def retriever_options(kind: str, index_type: str = "flat", bm25_article: bool = 
 
 # ---------------------------------------------------------------------------- corpus and retriever
 def open_corpus(corpus: Any = None, corpus_from: Sequence[str | Path] = (), questions_path: str | Path | None = None,
-                dataset: str | None = None):
-    """A :class:`~effrag.data.Corpus`: given, read from ``corpus.jsonl``, or pooled from dataset files.
+                dataset: str | None = None, max_words: int | None = None):
+    """A :class:`~effrag.data.Corpus`: given, read from ``corpus.jsonl`` or a folder of text files (split into
+    passages of at most ``max_words`` words, :mod:`effrag.data.documents`), or pooled from dataset files.
 
     ``corpus_from`` pools those files' contexts plus ``questions_path``'s own, so that every question's
     gold passages are in its corpus (as in the papers' setting of a corpus of train + dev contexts).
     """
     from effrag.data import Corpus, build_corpus
+    from effrag.data.documents import DEFAULT_MAX_WORDS, open_documents
 
     if corpus is not None and corpus_from:
         raise ValueError("give either --corpus or --corpus-from, not both")
     if corpus is not None:
-        return corpus if isinstance(corpus, Corpus) else Corpus.from_jsonl(corpus)
+        return corpus if isinstance(corpus, Corpus) else open_documents(corpus, max_words or DEFAULT_MAX_WORDS)
     if corpus_from:
         files = [*corpus_from, *([questions_path] if questions_path is not None else [])]
         return build_corpus(list(dict.fromkeys(map(str, files))), dataset)
@@ -166,14 +169,16 @@ def open_retriever(kind: str, corpus, *, cache_dir: str | Path | None = None, en
 
 def open_index(index: str | Path, *, kind: str | None = None, corpus: Any = None, encoder: str | None = None,
                bf16: bool = False, **runtime: Any):
-    """A saved index (``effrag index build``); ``kind``, when given, must be the kind it holds."""
+    """A saved index (``effrag index build``); ``kind``, when given, must be the kind it holds (``dense`` also
+    names a Milvus index: its vectors are the same dense ones, stored in Milvus instead of a FAISS file)."""
     from effrag.data import Corpus
     from effrag.retrieval import load_retriever
     from effrag.retrieval.meta import read_meta
 
     held = read_meta(index)["kind"]
-    if kind and kind != held:
-        raise ValueError(f"--retriever {kind} but {index} holds a {held} index")
+    if kind and kind != held and not (kind == "dense" and held == "milvus"):
+        raise ValueError(f"--retriever {kind} but {index} holds a {held} index (leave --retriever out with --index: "
+                         "the index says what it is)")
     if corpus is not None and not isinstance(corpus, Corpus):
         corpus = Corpus.from_jsonl(corpus)
     return load_retriever(index, corpus=corpus, encoder_path=encoder, bf16=bf16, **runtime)

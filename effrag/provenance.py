@@ -6,16 +6,86 @@ evaluation's ``config.json`` and a benchmark's report all record the same things
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
+import re
 import sys
+import sysconfig
+import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 # Packages whose versions change results (retrieval, training, generation).
 PACKAGES = ("effrag", "numpy", "torch", "transformers", "accelerate", "faiss-cpu", "faiss-gpu-cu12", "bm25s",
             "PyStemmer", "llama-cpp-python")
+
+
+# ---------------------------------------------------------------------------- portable paths
+# What a file the project ships or commits (a model card, a checkpoint's effrag_config.json, a report) may say
+# about where things were: paths relative to the repository, or under a named root, never this machine's layout.
+DATA_ROOT = "../shared/data"  # the dataset folder beside the repository, as every script's --data default names it
+_ABSOLUTE = re.compile(r"(?<![\w.~<>:/-])/(?:[\w.@+-]+/)+[\w.@+-]+/?")  # two parts at least: not "a /10" or URLs
+
+
+def repo_root() -> Path:
+    """The repository effrag runs from (the folder holding ``pyproject.toml`` above the package), else the
+    working directory (an installed package)."""
+    here = Path(__file__).resolve().parents[1]
+    return here if (here / "pyproject.toml").is_file() else Path.cwd().resolve()
+
+
+def path_roots() -> dict[str, str]:
+    """Absolute folder -> what a portable path writes instead (``""``: relative to the repository), longest
+    first so the most specific root wins: the data root (``$DATA`` or ``../shared/data``) as ``<data>``,
+    the Python packages as ``<site-packages>``, the repository, the temporary folder as ``<tmp>``, home as ``~``."""
+    repo = repo_root()
+    roots = {str(Path(os.environ.get("DATA") or repo / DATA_ROOT).resolve()): "<data>",
+             sysconfig.get_paths()["purelib"]: "<site-packages>", str(repo): "",
+             str(Path(tempfile.gettempdir()).resolve()): "<tmp>", str(Path.home()): "~"}
+    return dict(sorted(roots.items(), key=lambda kv: -len(kv[0])))
+
+
+def portable_path(path: str | Path, roots: Mapping[str, str] | None = None) -> str:
+    """``path`` as a shipped or committed file may record it: relative to the repository when inside it,
+    ``<data>/hotpotqa/dev.jsonl`` under the data root (and ``<site-packages>``, ``<tmp>``, ``~`` likewise), or
+    ``<elsewhere>/NAME`` for any other absolute path. Relative paths are kept as given."""
+    text = str(path)
+    if not text.startswith("/"):
+        return text
+    for root, name in (path_roots() if roots is None else roots).items():
+        root = root.rstrip("/")
+        if text == root or text.startswith(root + "/"):
+            rest = text[len(root):].lstrip("/")
+            return (f"{name}/{rest}" if rest else name) if name else (rest or ".")
+    return f"<elsewhere>/{Path(text).name}"
+
+
+def portable_text(text: str, roots: Mapping[str, str] | None = None) -> str:
+    """``text`` (a command line, a note) with every absolute path under one of the ``roots`` made
+    :func:`portable_path`; other absolute paths (``/dev/null``, ``/proc/cpuinfo``) are the same everywhere."""
+    roots = path_roots() if roots is None else roots
+    under = tuple(r.rstrip("/") + "/" for r in roots)
+
+    def swap(m: re.Match) -> str:
+        path = m.group(0)
+        return portable_path(path, roots) if (path.rstrip("/") + "/").startswith(under) else path
+    return _ABSOLUTE.sub(swap, text)
+
+
+def portable(value: Any, roots: Mapping[str, str] | None = None) -> Any:
+    """A JSON-like value with :func:`portable_text` applied to every string in it (keys included)."""
+    roots = path_roots() if roots is None else roots
+    if isinstance(value, str):
+        return portable_text(value, roots)
+    if isinstance(value, Path):
+        return portable_path(value, roots)
+    if isinstance(value, dict):
+        return {portable(k, roots): portable(v, roots) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v, roots) for v in value]
+    return value
 
 
 def package_versions(packages: Sequence[str] = PACKAGES) -> dict[str, str]:

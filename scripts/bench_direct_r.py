@@ -72,7 +72,7 @@ def write_report(entries: list[dict], args, argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-dir", type=Path, default=Path("/work/shared/data"))
+    p.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
     p.add_argument("--datasets", nargs="+", default=["hotpotqa", "2wikimqa", "musique"])
     p.add_argument("--retrievers", nargs="+", default=["dense", "bm25"], choices=["dense", "bm25", "hybrid"])
     p.add_argument("--k", nargs="+", type=int, default=[10, 20, 30])

@@ -10,7 +10,7 @@ around it. Batched mode gives questions/s. Direct-R over the same retriever is
 the reference row. Writes ``bench.md``, ``bench.json`` and ``per_question.jsonl``.
 
     python scripts/bench_efficientrag.py --labeler checkpoints/efficientrag-all/labeler \\
-        --filter checkpoints/efficientrag-all/filter --questions /work/shared/data/musique/dev.jsonl \\
+        --filter checkpoints/efficientrag-all/filter --questions ../shared/data/musique/dev.jsonl \\
         --retriever dense --n 200 --output runs/bench-musique [--llm default]
 """
 from __future__ import annotations

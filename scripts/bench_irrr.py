@@ -15,7 +15,7 @@ latency per question (batch 1). Resumable (``effrag.evaluation.evaluate`` per me
 writes ``OUT/report.md`` and ``OUT/report.json`` with the config.
 
     python scripts/bench_irrr.py --irrr checkpoints/irrr-all --labeler checkpoints/efficientrag-all-full/labeler \\
-        --filter checkpoints/efficientrag-all/filter --data /work/shared/data --limit 200 --output reports/irrr
+        --filter checkpoints/efficientrag-all/filter --data ../shared/data --limit 200 --output reports/irrr
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ calls, tokens, parse failures and latency per question to ``OUT/bench.md`` and
 ``OUT/bench.json`` (with the run config). ``cpu_s`` is process CPU time per question
 (the in-process LLM included), the number to plan runs with on shared cores.
 
-    python scripts/bench_methods.py --questions /work/shared/data/hotpotqa/dev.jsonl --limit 5 \
+    python scripts/bench_methods.py --questions ../shared/data/hotpotqa/dev.jsonl --limit 5 \
         --llm default --output runs/bench-smollm2
 
 The corpus pools the contexts of the given files (plus ``--corpus-from`` files)

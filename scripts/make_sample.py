@@ -1,6 +1,6 @@
 """Regenerate the bundled sample in effrag/data/sample from a full data directory.
 
-Usage: python scripts/make_sample.py /work/shared/data [--out effrag/data/sample]
+Usage: python scripts/make_sample.py ../shared/data [--out effrag/data/sample]
 
 Copies the first N lines of each file byte for byte (original formats), so the
 sample is a verbatim prefix of the source data. README.md in the output folder

@@ -7,7 +7,7 @@ and ``stats.json`` (record counts, reject reasons, wall time, LLM calls, cache h
 and tokens) into ``--out``. Example (SmolLM2 in process, 20 HotpotQA questions)::
 
     nice .venv/bin/python scripts/synthesize_llm_sample.py \
-        --data /work/shared/data/hotpotqa/train.jsonl --n 20 --llm default --out runs/llm_sample
+        --data ../shared/data/hotpotqa/train.jsonl --n 20 --llm default --out runs/llm_sample
 
 Hard negatives are not added here (that is the negatives step of ``effrag synthesize``).
 """

@@ -177,8 +177,10 @@ def launch_command(args, role: str, out_dir: Path, extra: list[str]) -> tuple[li
     else:
         launcher += ["--num_processes", "1"]
     launcher += ["--num_machines", "1", "--dynamo_backend", "no"]
-    config = REPO / "configs" / (f"{role}_paper.yaml" if args.paper else f"{role}.yaml")
-    cmd = [*launcher, str(REPO / "train.py"), "--config", str(config), "--output_dir", str(out_dir), *extra]
+    # relative to the repo (every run starts there): the paths the checkpoint's effrag_config.json records
+    config = Path("configs") / (f"{role}_paper.yaml" if args.paper else f"{role}.yaml")
+    cmd = [*launcher, "train.py", "--config", str(config), "--output_dir",
+           str(out_dir.relative_to(REPO) if out_dir.is_relative_to(REPO) else out_dir), *extra]
     if (out_dir / "checkpoints").is_dir() and any((out_dir / "checkpoints").glob("step_*/trainer_state.json")):
         cmd += ["--resume_from_checkpoint", "latest"]
     return cmd, env
@@ -251,6 +253,8 @@ def install(args, role: str, out_dir: Path, cmd: list[str], wall: float | None, 
 
     A reused run (``wall`` None: it had finished before this invocation) keeps the card already installed
     beside it, which describes the invocation that trained it."""
+    from effrag.provenance import portable_text
+
     spec = MODELS[role]
     dest = REPO / "checkpoints" / spec.checkpoint.format(name=args.name)
     card = dest / "README.md"
@@ -259,7 +263,9 @@ def install(args, role: str, out_dir: Path, cmd: list[str], wall: float | None, 
     which = args.install or spec.install or "best"
     shutil.copytree(out_dir / which, dest)
     recipe = "python " + shlex.join(["scripts/train_models.py", *sys.argv[1:]]).replace(str(REPO) + "/", "")
-    card.write_text(old_card or model_card(args.name, role, out_dir, cmd, wall, data_commands, recipe, which))
+    # the card is committed (and may ship): paths relative to the repo or the data root, never this machine's
+    card.write_text(portable_text(old_card or model_card(args.name, role, out_dir, cmd, wall, data_commands, recipe,
+                                                         which)))
     if spec.after_install:
         step = [sys.executable, *after_install_command(spec, str(dest.relative_to(REPO)), str(args.data))]
         print("+", shlex.join(step), flush=True)

@@ -9,7 +9,7 @@ mean F1 (``--objective f1``) or mean recall of gold paragraphs (``recall``) over
 ties: fewer paragraphs read. Writes ``OUT/grid.json``, ``OUT/table.md`` and ``OUT/best.json``
 (an ``--irrr-config`` for ``bench_irrr.py``).
 
-    python scripts/tune_irrr.py --irrr checkpoints/irrr-all --data /work/shared/data --limit 40 --output runs/tune_irrr
+    python scripts/tune_irrr.py --irrr checkpoints/irrr-all --data ../shared/data --limit 40 --output runs/tune_irrr
     python scripts/tune_irrr.py --irrr checkpoints/irrr-all --limit 100 --first-k 5 10 --return-k 10 \
         --objective recall --output runs/tune_irrr_recall
 """

@@ -66,3 +66,38 @@ def test_shipped_model_loads_offline_with_its_loop_configs():
         pretrained_path("nope")
     with pytest.raises(ValueError, match="no loop config"):
         loop_config_path("strategyqa")
+
+
+def test_shipped_names_resolve_and_an_unshipped_one_names_its_training_command(monkeypatch):
+    from effrag import pretrained
+
+    assert "efficientrag-all" in pretrained.NAMES and set(pretrained.NAMES) <= set(pretrained.SHIPPABLE)
+    assert pretrained.resolve_model("efficientrag-all") == pretrained_path("efficientrag-all")
+    assert str(pretrained.resolve_model("checkpoints/reader-all")) == "checkpoints/reader-all"  # a path stays a path
+    # a known name whose folder is not in the package: one line with the commands that make it
+    monkeypatch.setattr(pretrained, "_HERE", pretrained._HERE / "not-here")
+    with pytest.raises(pretrained.NotShippedError,
+                       match=r"reader-all \(extractive reader\) is not shipped.*train_models.py --models reader"):
+        pretrained.resolve_model("reader-all")
+
+
+@pytest.mark.parametrize("kind", ["reader", "irrr"])
+def test_export_of_a_reader_or_irrr_checkpoint_loads_by_path(kind, tmp_path, load_script):
+    """scripts/export_pretrained.py --kind reader|irrr: the folder that ships as reader-all / irrr-all."""
+    from effrag.models import IRRRModel, load_model, load_reader
+    from effrag.models.reader import ExtractiveReader
+
+    from test_models import make_base
+
+    cls = ExtractiveReader if kind == "reader" else IRRRModel
+    src = tmp_path / "src"
+    cls.from_encoder(make_base("electra", tmp_path / "base"), {"max_length": 64}).save_pretrained(src)
+    (src / "README.md").write_text("# training card\n")
+    load_script("export_pretrained").main(["--kind", kind, "--src", str(src), "--dst", str(tmp_path / "dst")])
+    dst = tmp_path / "dst"
+    assert (dst / COMPACT_NAME).is_file() and (dst / "TRAINING.md").is_file()
+    assert json.loads((dst / "export.json").read_text())["int8_bytes"][kind] > 0
+    shipped = load_model(dst)
+    assert type(shipped) is cls
+    if kind == "reader":  # the reader loader (--reader, SearChain) takes the exported folder
+        assert isinstance(load_reader(dst), ExtractiveReader)

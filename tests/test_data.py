@@ -297,8 +297,10 @@ def test_user_corpus_errors(tmp_path):
         Corpus.from_jsonl(write_jsonl(tmp_path / "c.jsonl", [good, {**good, "id": "b"}, good]))
     with pytest.raises(DataFormatError, match=r"c2\.jsonl:2: field 'text': missing"):
         Corpus.from_jsonl(write_jsonl(tmp_path / "c2.jsonl", [good, {"id": "b", "title": "T"}]))
-    with pytest.raises(DataFormatError, match=r"c3\.jsonl:1: field 'id': missing"):
-        Corpus.from_jsonl(write_jsonl(tmp_path / "c3.jsonl", [{"title": "T", "text": "x"}]))
+    no_id = Corpus.from_jsonl(write_jsonl(tmp_path / "c3.jsonl", [{"title": "T", "text": "x"}]))  # content hash
+    assert no_id.ids == [passage_id("T", "x")]
+    with pytest.raises(DataFormatError, match=r"c3\.jsonl:1: field 'id': expected a non-empty string or integer"):
+        Corpus.from_jsonl(write_jsonl(tmp_path / "c3.jsonl", [{"id": None, "title": "T", "text": "x"}]))
     int_ids = Corpus.from_jsonl(write_jsonl(tmp_path / "c4.jsonl", [{"id": 7, "text": "x"}]))
     assert int_ids.ids == ["7"] and int_ids["7"].title == ""
     (tmp_path / "empty.jsonl").write_text("\n", "utf-8")

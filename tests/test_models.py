@@ -255,6 +255,23 @@ def test_filter_trains_round_trips_and_reports_truncation(bases, tmp_path):
     assert 0 < n_vis <= 14 and res[n_vis:] == [0.0] * n_cut and all(p > 0 for p in res[:n_vis])
 
 
+def test_truncation_warns_once_per_model_then_logs_at_debug(bases, caplog):
+    """EfficientRAG predicts hundreds of batches a run: one warning per model, each batch's count at debug level."""
+    import logging
+
+    model = FilterModel.from_encoder(bases["electra"], {"max_length": 16})
+    caplog.set_level(logging.DEBUG, logger="effrag.models")
+    for _ in range(3):
+        model.predict([["word"] * 40, ["short"]])
+    model.predict([["short"]])  # nothing cut: no record at all
+    notes = [r for r in caplog.records if "truncated" in r.getMessage()]
+    assert [r.levelname for r in notes] == ["WARNING", "DEBUG", "DEBUG"]
+    assert "later counts are logged at debug level" in notes[0].getMessage()
+    assert "so far 3 of 6 inputs" in notes[-1].getMessage()
+    t = model.truncation
+    assert (t.inputs, t.truncated) == (7, 3) and t.words > 0 and t.words % 3 == 0
+
+
 def test_decoder_backbone_attends_both_ways_and_ignores_padding(bases):
     """A Llama backbone loses its causal mask: an early word's state depends on later words, not on padding."""
     model = LabelerModel.from_encoder(bases["llama"], {"max_length": 64}).eval()

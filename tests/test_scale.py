@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from effrag.cli import main as cli_main
-from effrag.data import Corpus
+from effrag.data import Corpus, sample_path
 from effrag.retrieval import (BM25Retriever, DenseRetriever, Encoder, ShardedEmbeddings, build_retriever,
                               encode_shards, load_retriever)
 
@@ -182,6 +182,12 @@ def test_milvus_lite_matches_faiss_flat(tmp_path, corpus_file, corpus, encoder, 
                             f"print(connect({str(out / 'milvus.db')!r}).list_collections())"],
                            capture_output=True, text=True, env=_env(), timeout=120)
     assert probe.returncode == 0 and "effrag" in probe.stdout, probe.stderr[-500:]
+    # a Milvus index holds dense vectors: `effrag eval --index DIR --retriever dense` takes it (issue #41)
+    dev = sample_path("hotpotqa", "dev")
+    run = ["eval", "--method", "direct-r", "--index", str(out), "--questions", str(dev), "--limit", "2", "--k", "3"]
+    assert cli_main(run + ["--retriever", "dense", "--output", str(tmp_path / "eval")]) == 0
+    assert [len(json.loads(r)["retrieved"]) for r in (tmp_path / "eval" / "predictions.jsonl").open()] == [3, 3]
+    assert cli_main(run + ["--retriever", "bm25", "--output", str(tmp_path / "eval-bm25")]) == 2
     # from Python, the same collection code
     py = build_retriever("milvus", corpus, encoder=encoder, uri=str(tmp_path / "py.db"),
                          embeddings=ShardedEmbeddings(store), show_progress=False)

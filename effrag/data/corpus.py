@@ -2,8 +2,9 @@
 
 Corpora built from dataset files use content-hash ids (:func:`passage_id`), so
 a paragraph shared by several questions or files appears once. A user corpus
-(JSONL ``id, title, text``) may use its own ids; :func:`map_gold` then finds
-gold passages by content hash, through an index built once per corpus.
+(JSONL ``id, title, text``) may use its own ids, or leave ``id`` out to get the
+content hash too; :func:`map_gold` then finds gold passages by content hash,
+through an index built once per corpus.
 """
 from __future__ import annotations
 
@@ -57,8 +58,10 @@ class Corpus:
     def from_jsonl(cls, path: str | Path) -> "Corpus":
         """Read a corpus JSONL with one ``{"id", "title", "text"}`` object per line.
 
-        ``id`` may be a string or an integer (kept as its string form); ``title`` may be
-        absent (empty title). Duplicate ids are an error naming both lines.
+        ``id`` may be a string or an integer (kept as its string form), or absent: the passage then gets
+        its content hash (:func:`passage_id`, as the project's own corpora), and a record repeating an
+        earlier one's title and text is left out. ``title`` may be absent (empty title). Duplicate given
+        ids are an error naming both lines.
         """
         path = Path(path)
         if not path.is_file():
@@ -82,16 +85,20 @@ class Corpus:
                 if not isinstance(row, dict):
                     raise DataFormatError(f"{path}:{n}: expected a JSON object, got {type(row).__name__}")
                 pid = row.get("id")
-                if isinstance(pid, bool) or not isinstance(pid, (str, int)) or str(pid) == "":
-                    raise DataFormatError(f"{path}:{n}: field 'id': "
-                                          + ("missing" if "id" not in row else "expected a non-empty string or integer"))
-                pid = str(pid)
+                if "id" in row and (isinstance(pid, bool) or not isinstance(pid, (str, int)) or str(pid) == ""):
+                    raise DataFormatError(f"{path}:{n}: field 'id': expected a non-empty string or integer "
+                                          "(or no 'id': the passage's content hash)")
                 text, title = row.get("text"), row.get("title", "")
                 if not isinstance(text, str) or not text.strip():
                     raise DataFormatError(f"{path}:{n}: field 'text': "
                                           + ("missing" if "text" not in row else "expected a non-empty string"))
                 if not isinstance(title, str):
                     raise DataFormatError(f"{path}:{n}: field 'title': expected a string")
+                if "id" not in row:  # a user's own records: the content hash, a repeated passage once
+                    pid = passage_id(title, text)
+                    if pid in first_line:  # the same title and text (up to whitespace) as an earlier record
+                        continue
+                pid = str(pid)
                 if pid in first_line:
                     raise DataFormatError(f"{path}:{n}: field 'id': duplicate id {pid!r} (first on line {first_line[pid]})")
                 first_line[pid] = n

@@ -328,7 +328,8 @@ def predict_batches(model: "EncoderWithHeads", encoded: list, batch_size: int, b
 
     Yields ``(item_index, row, output, word_probs)`` for each item, where ``word_probs``
     is the keep probability of each input word (0 for words cut by ``max_length``),
-    then logs how many items were truncated. Shared by every word-labelling model's ``predict``.
+    then notes how many items were truncated (:func:`note_truncation`). Shared by every word-labelling
+    model's ``predict``.
     """
     for idx, out in forward_batches(model, [e.features() for e in encoded], batch_size, bf16):
         p_tok = out.token_logits.float().softmax(-1)[..., 1].cpu().tolist()  # one conversion per batch
@@ -336,11 +337,39 @@ def predict_batches(model: "EncoderWithHeads", encoded: list, batch_size: int, b
             p_row = p_tok[row]
             probs = [p_row[p] if p >= 0 else 0.0 for p in encoded[i].word_positions]
             yield i, row, out, probs
-    truncated = [e.truncated for e in encoded]
-    if any(truncated):
-        logging.getLogger(type(model).__module__).warning(
-            "%s: %d of %d inputs truncated at max_length, %d words got probability 0",
-            what, sum(t > 0 for t in truncated), len(truncated), sum(truncated))
+    note_truncation(model, what, [e.truncated for e in encoded])
+
+
+@dataclass
+class TruncationTally:
+    """Inputs a model has read in this process, how many were cut at ``max_length``, and the words cut."""
+
+    inputs: int = 0
+    truncated: int = 0
+    words: int = 0
+
+
+def note_truncation(model: nn.Module, what: str, truncated: list[int]) -> None:
+    """Count the truncated inputs of one ``predict`` call in ``model.truncation`` (a :class:`TruncationTally`).
+
+    EfficientRAG calls ``predict`` once per hop and batch, hundreds of times a run: the first call that
+    truncates logs one warning for the model, every later one a debug line with the running totals.
+    """
+    tally = model.__dict__.setdefault("truncation", TruncationTally())
+    cut = sum(t > 0 for t in truncated)
+    first = cut and not tally.truncated
+    tally.inputs, tally.truncated, tally.words = tally.inputs + len(truncated), tally.truncated + cut, \
+        tally.words + sum(truncated)
+    if not cut:
+        return
+    log = logging.getLogger(type(model).__module__)
+    if not first:
+        log.debug("%s: %d of %d inputs truncated at max_length, %d words got probability 0 (so far %d of %d inputs)",
+                  what, cut, len(truncated), sum(truncated), tally.truncated, tally.inputs)
+    else:
+        log.warning("%s: inputs longer than max_length %s are truncated, the words cut get probability 0 (%d of the "
+                    "first %d; later counts are logged at debug level)", what, getattr(model, "max_length", "?"),
+                    cut, tally.inputs)
 
 
 def _load_encoder(path: str, config, use_safetensors: bool | None = None):

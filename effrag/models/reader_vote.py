@@ -115,11 +115,14 @@ class ReaderVote:
 
 
 def load_reader(path: str | Path) -> "ExtractiveReader | ReaderVote":
-    """A reader folder (:class:`ExtractiveReader`) or a vote folder (:class:`ReaderVote`), by its
-    ``effrag_config.json``; anything else gets :func:`~.reader.load_reader_checkpoint`'s clear error."""
+    """A reader folder (:class:`ExtractiveReader`), a vote folder (:class:`ReaderVote`), by its
+    ``effrag_config.json``, or a shipped reader's name (``reader-all``, :func:`effrag.pretrained.resolve_model`);
+    anything else gets :func:`~.reader.load_reader_checkpoint`'s clear error."""
+    from effrag.pretrained import resolve_model
+
     from .heads import CONFIG_NAME, HEADS_NAME, read_effrag_config
 
-    path = Path(path)
+    path = resolve_model(path)
     if not (path / HEADS_NAME).is_file() and (path / CONFIG_NAME).is_file() \
             and read_effrag_config(path)["model_type"] == VOTE_TYPE:
         return ReaderVote.from_pretrained(path)

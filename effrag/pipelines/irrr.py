@@ -187,9 +187,13 @@ def outcome(steps: list[dict], return_k: int | None = None, fill_order: str = "r
     return {"retrieved": ids, "answer": answer, "answerability": answerability}
 
 
+DEFAULT_MODEL = "irrr-all"  # the shipped IRRR model (effrag.pretrained)
+
+
 @register_pipeline("irrr")
 class IRRRPipeline(Pipeline):
-    """IRRR as an ``effrag eval`` method: ``--irrr-model DIR`` plus the loop options.
+    """IRRR as an ``effrag eval`` method: ``--irrr-model DIR|NAME`` (default the shipped ``irrr-all``) plus the
+    loop options.
 
     IRRR answers with its own reader; a ``generator`` (``--reader DIR`` or ``--llm``) answers its
     returned paragraphs instead, so it compares with other methods on the same reader.
@@ -197,12 +201,11 @@ class IRRRPipeline(Pipeline):
 
     uses_generator = True
 
-    def __init__(self, retriever, irrr_model=None, k: int | None = None, config: IRRRConfig | dict | None = None,
-                 generator: Any = None, **options: Any):
+    def __init__(self, retriever, irrr_model=DEFAULT_MODEL, k: int | None = None,
+                 config: IRRRConfig | dict | None = None, generator: Any = None, **options: Any):
         from ..models import IRRRModel
+        from ..pretrained import resolve_model
 
-        if irrr_model is None:
-            raise ValueError("irrr needs --irrr-model DIR (a trained IRRR checkpoint)")
         base = asdict(config) if isinstance(config, IRRRConfig) else dict(config or {})
         base.update({key.removeprefix("irrr_"): v for key, v in options.items() if v is not None})
         if k is not None and "k" not in base:
@@ -210,7 +213,13 @@ class IRRRPipeline(Pipeline):
         unknown = set(base) - set(IRRRConfig.__dataclass_fields__)
         if unknown:
             raise ValueError(f"unknown IRRR option(s) {sorted(unknown)}; known: {sorted(IRRRConfig.__dataclass_fields__)}")
-        model = IRRRModel.from_pretrained(irrr_model) if not isinstance(irrr_model, torch.nn.Module) else irrr_model
+        if not isinstance(irrr_model, torch.nn.Module):
+            path = resolve_model(irrr_model or DEFAULT_MODEL)
+            if not (path / "heads.safetensors").is_file():
+                raise FileNotFoundError(f"IRRR checkpoint {path}: no heads.safetensors there (train one with "
+                                        "`python scripts/train_models.py --models irrr --name all --processes 2`)")
+            irrr_model = IRRRModel.from_pretrained(path)
+        model = irrr_model
         self.config = IRRRConfig(**base)
         self.runner = IRRRRunner(model, retriever, self.config)
         self.generator = generator
@@ -218,7 +227,8 @@ class IRRRPipeline(Pipeline):
     @classmethod
     def add_args(cls, parser) -> None:
         g = parser.add_argument_group("irrr")
-        g.add_argument("--irrr-model", metavar="DIR", help="trained IRRR checkpoint directory")
+        g.add_argument("--irrr-model", metavar="DIR|NAME", default=DEFAULT_MODEL,
+                       help=f"trained IRRR checkpoint folder or a shipped name (default {DEFAULT_MODEL})")
         g.add_argument("--irrr-max-path", type=int, default=None, help="cap on reasoning-path paragraphs")
         g.add_argument("--irrr-first-k", type=int, default=None,
                        help="candidates read at the first step (default: --k)")

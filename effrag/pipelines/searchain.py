@@ -32,7 +32,7 @@ from .base import register_pipeline
 from .llm_common import LLMMethod, Session, add_llm_args, same_answer
 from .result import Result
 
-DEFAULT_READER = "checkpoints/reader-all"
+DEFAULT_READER = "reader-all"  # the shipped reader (effrag.pretrained)
 _LINE = re.compile(r"^\[(Query|Answer|Unsolved Query|Final Content|Question)\s*(\d*)\]\s*:?\s*(.*)$", re.I)
 _MARK = re.compile(r"\[(\d+)\]")
 
@@ -103,7 +103,8 @@ def parse_coq(text: str) -> CoQ:
 
 
 def load_reader(reader: Any):
-    """SearChain's verifier: a reader or reader-vote folder (default ``checkpoints/reader-all``), or a loaded one."""
+    """SearChain's verifier: a reader or reader-vote folder, a shipped reader's name (default ``reader-all``), or a
+    loaded reader."""
     if reader is None or isinstance(reader, (str, Path)):
         from effrag.models import load_reader as open_reader
 
@@ -116,7 +117,7 @@ def load_reader(reader: Any):
 @register_pipeline("searchain")
 class SearChain(LLMMethod):
     default_max_tokens = 256
-    uses_reader = True  # its verifier: effrag eval --reader DIR (default checkpoints/reader-all)
+    uses_reader = True  # its verifier: effrag eval --reader DIR|NAME (default the shipped reader-all)
 
     def __init__(self, retriever, k: int = 1, llm: Any = "default", dataset: str | None = None,
                  reader: Any = DEFAULT_READER, theta: float = 1.5, max_rounds: int = 3, **kw: Any):

@@ -1,28 +1,79 @@
 """Trained models shipped inside the package, loadable offline by name.
 
-``efficientrag-all`` is the recommended EfficientRAG model (Labeler, Filter, and the loop config tuned
+Every command that takes a model folder also takes a shipped name: ``effrag eval --method efficientrag
+--model efficientrag-all``, ``--reader reader-all`` (and SearChain's verifier, whose default it is),
+``--method irrr --irrr-model irrr-all`` (the default). :func:`resolve_model` is that one rule.
+
+``efficientrag-all`` is the recommended EfficientRAG system (Labeler, Filter, and the loop config tuned
 on each dataset's dev file), exported from ``bash scripts/train_efficientrag.sh all`` by
 ``scripts/export_pretrained.py`` with its encoders stored as int8 rows (:mod:`effrag.models.compact`).
-Its model card is ``README.md`` in its directory.
+``reader-all`` (the extractive reader) and ``irrr-all`` (IRRR) are shipped the same way once exported;
+until their folders exist here, naming them is a one-line error that gives the command training them.
+Each shipped model's card is ``README.md`` in its directory.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-NAMES = ("efficientrag-all",)
+
+
+@dataclass(frozen=True)
+class Shippable:
+    """A model effrag can ship: the files its folder must hold, and the commands that make and export it."""
+
+    what: str
+    needs: tuple[str, ...]
+    train: str
+    export: str
+
+
+# Every name effrag knows; NAMES are those whose folder is in this install.
+SHIPPABLE = {
+    "efficientrag-all": Shippable(
+        "EfficientRAG system", ("labeler", "filter"), "bash scripts/train_efficientrag.sh all",
+        "python scripts/export_pretrained.py --src checkpoints/efficientrag-all --dst effrag/pretrained/efficientrag-all"),
+    "reader-all": Shippable(
+        "extractive reader", ("heads.safetensors",),
+        "python scripts/train_models.py --models reader --name all --processes 2",
+        "python scripts/export_pretrained.py --kind reader --src checkpoints/reader-all --dst effrag/pretrained/reader-all"),
+    "irrr-all": Shippable(
+        "IRRR model", ("heads.safetensors",), "python scripts/train_models.py --models irrr --name all --processes 2",
+        "python scripts/export_pretrained.py --kind irrr --src checkpoints/irrr-all --dst effrag/pretrained/irrr-all"),
+}
+NAMES = tuple(name for name in SHIPPABLE if (_HERE / name).is_dir())
 LOOP_DATASETS = ("hotpotqa", "2wikimqa", "musique")
 
 
+class NotShippedError(FileNotFoundError):
+    """A known shipped name whose folder is not in this install (not exported yet, or removed)."""
+
+
 def pretrained_path(name: str = "efficientrag-all") -> Path:
-    """The directory of a shipped model (``labeler/``, ``filter/``, ``loop-<dataset>.json``)."""
-    if name not in NAMES:
-        raise ValueError(f"unknown shipped model {name!r}; shipped: {', '.join(NAMES)}")
+    """The directory of the shipped model ``name`` (``efficientrag-all``: ``labeler/``, ``filter/``,
+    ``loop-<dataset>.json``; ``reader-all``, ``irrr-all``: one checkpoint folder)."""
+    spec = SHIPPABLE.get(name)
+    if spec is None:
+        raise ValueError(f"unknown shipped model {name!r}; shipped: {', '.join(NAMES) or 'none'}")
     path = _HERE / name
-    if not (path / "labeler").is_dir() or not (path / "filter").is_dir():
-        raise FileNotFoundError(f"{path} is incomplete (no labeler/ or filter/): reinstall effrag, or re-export it "
-                                f"with python scripts/export_pretrained.py")
+    local = f"checkpoints/{name}"
+    if not path.is_dir():
+        raise NotShippedError(f"{name} ({spec.what}) is not shipped with this effrag yet: train it with `{spec.train}` "
+                              f"and pass {local}, or export it into the package with `{spec.export}`")
+    missing = [n for n in spec.needs if not (path / n).exists()]
+    if missing:
+        raise FileNotFoundError(f"{path} is incomplete (no {', '.join(missing)}): reinstall effrag, or re-export it "
+                                f"with `{spec.export}`")
     return path
+
+
+def resolve_model(model: str | Path) -> Path:
+    """A model folder from a shipped name (``reader-all``) or a path; a name wins over a folder of that name
+    in the working directory (write ``./reader-all`` for that folder)."""
+    if isinstance(model, str) and model in SHIPPABLE:
+        return pretrained_path(model)
+    return Path(model)
 
 
 def loop_config_path(dataset: str, name: str = "efficientrag-all") -> Path:

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from ..provenance import file_sha256, package_versions
+from ..provenance import file_sha256, package_versions, portable
 from .checkpoint_files import read_checkpoint, seal_checkpoint, write_checkpoint
 from .checkpoints import (RESULTS_NAME, checkpoint_dirs, config_changes, main_print, plan_start,
                           prepare_output_dir)
@@ -302,7 +302,9 @@ def train(cfg: Config, overwrite: bool = False) -> dict:
     if tc.report_to != "none":
         accelerator.init_trackers(tc.project, config=cfg.to_dict(),
                                   init_kwargs={"wandb": {"name": tc.run_name, "dir": str(out_dir)}})
-    training_ref = {"config": cfg.to_dict(), "run_info": info}
+    # what the checkpoint's effrag_config.json records: paths relative to the repo or a named root (a model card
+    # that ships must not show this machine's folders); config.yaml and run_info.json keep the run's own paths
+    training_ref = portable({"config": cfg.to_dict(), "run_info": info})
 
     def log(record: dict) -> None:
         if accelerator.is_main_process:

@@ -1,5 +1,5 @@
 import sys, pickle, itertools, torch, json
-import os; PROBE = os.environ.get('PROBE', '/tmp/probe')
+import os; PROBE = os.environ.get('PROBE', '<tmp>/probe')
 from effrag.models.reader import WindowLogits, load_reader_checkpoint
 from effrag.evaluation.metrics import answer_rule, exact_match, f1
 reader = load_reader_checkpoint('checkpoints/reader-all')

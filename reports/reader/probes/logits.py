@@ -1,6 +1,6 @@
 import sys, torch, pickle, time
 from pathlib import Path
-import os; PROBE = os.environ.get('PROBE', '/tmp/probe'); os.makedirs(PROBE, exist_ok=True)
+import os; PROBE = os.environ.get('PROBE', '<tmp>/probe'); os.makedirs(PROBE, exist_ok=True)
 from effrag.data import load_questions
 from effrag.models.reader import passage_text, load_reader_checkpoint
 torch.set_num_threads(2)

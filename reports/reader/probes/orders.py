@@ -1,5 +1,5 @@
 import sys, pickle, torch
-import os; PROBE = os.environ.get('PROBE', '/tmp/probe')
+import os; PROBE = os.environ.get('PROBE', '<tmp>/probe')
 from effrag.models.reader import load_reader_checkpoint
 from effrag.evaluation.metrics import answer_rule, exact_match, f1
 ds = sys.argv[1]

@@ -1,7 +1,7 @@
 """Answer-level votes of reader checkpoints from their oracle predictions (no model run: seconds).
 
-    python scripts/eval_reader.py --reader checkpoints/reader-smol --modes together --output /tmp/vote/smol   # per reader
-    python reports/reader/probes/votes.py all=reports/reader/oracle smol=/tmp/vote/smol smol2=/tmp/vote/smol2 mocc=/tmp/vote/mocc
+    python scripts/eval_reader.py --reader checkpoints/reader-smol --modes together --output <tmp>/vote/smol   # per reader
+    python reports/reader/probes/votes.py all=reports/reader/oracle smol=<tmp>/vote/smol smol2=<tmp>/vote/smol2 mocc=<tmp>/vote/mocc
 
 Every subset of 2 or more readers, voted with the library's rule (effrag.models.reader_vote.vote: the most frequent
 normalised answer, ties to the highest confidence), and the oracle (the best member per question).

@@ -1,0 +1,131 @@
+"""``effrag retrieve``: questions over one's own index, no gold passages needed.
+
+``effrag eval`` scores a method against a dataset file's gold passages; a user with their own documents
+has an index (``effrag index build --corpus my_docs/ --retriever bm25 --output idx``) and a question. This
+prints the ranked chunks (rank, score, title, the text's start), or one JSON object per question with
+``--json``, and an answer with ``--llm SPEC`` or ``--reader DIR|NAME``::
+
+    effrag retrieve --index idx "Which person went into space later, Sigmund Jähn or Christer Fuglesang?"
+    effrag retrieve --index idx --questions questions.txt --method direct-r --k 5 --json
+
+The method is the shipped EfficientRAG system (``efficientrag-all``, no LLM call) unless ``--method``
+names another registered one; ``--model`` names another EfficientRAG system folder.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+SNIPPET_CHARS = 200
+BATCH = 16  # questions per pipeline call
+
+
+def add_retrieve_parser(sub) -> None:
+    from effrag.experiment import positive_int
+    from effrag.pipelines.efficientrag_system import DEFAULT_SYSTEM
+
+    p = sub.add_parser("retrieve", help="ranked chunks (and an answer) for questions over a saved index")
+    p.add_argument("question", nargs="*", help="one or more questions (or --questions FILE)")
+    p.add_argument("--index", required=True, metavar="DIR", help="a saved index (`effrag index build`)")
+    p.add_argument("--questions", metavar="FILE", help="a text file of questions, one per line")
+    p.add_argument("--method", default="efficientrag",
+                   help="registered method (default efficientrag: the shipped system; direct-r: the index alone)")
+    p.add_argument("--model", metavar="DIR|NAME", default=None,
+                   help=f"efficientrag: a system folder or a shipped name (default {DEFAULT_SYSTEM})")
+    p.add_argument("--er-config", metavar="JSON", help="efficientrag: a loop config file (default: the system's "
+                                                       "loop.json, else its loop-hotpotqa.json)")
+    p.add_argument("--k", type=positive_int, metavar="N",
+                   help="chunks per retrieval (direct-r: default 10; efficientrag: per hop, default its loop config's)")
+    a = p.add_mutually_exclusive_group()
+    a.add_argument("--llm", metavar="SPEC", help="answer with an LLM: 'default', gguf:PATH, hf:..., openai:URL#MODEL")
+    a.add_argument("--reader", metavar="DIR|NAME", help="answer with a trained extractive reader (no LLM)")
+    p.add_argument("--json", action="store_true", help="one JSON object per question (JSONL) instead of text")
+    p.set_defaults(func=_cmd_retrieve)
+
+
+def read_questions(args) -> list[str]:
+    """The questions given on the command line, then those of ``--questions`` (blank lines skipped)."""
+    questions = [q.strip() for q in args.question if q.strip()]
+    if args.questions:
+        path = Path(args.questions)
+        if not path.is_file():
+            raise FileNotFoundError(f"questions file not found: {path}")
+        raw = path.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            from effrag.data.loaders import utf8_error
+
+            raise utf8_error(path, raw, e) from None
+        questions += [line.strip() for line in text.splitlines() if line.strip()]
+        if not questions:
+            raise ValueError(f"{path}: no questions in it (one per line)")
+    if not questions:
+        raise ValueError("no question: give one or more questions, or --questions FILE")
+    return questions
+
+
+def _method_options(cls, args) -> dict[str, Any]:
+    """The method's keywords: EfficientRAG's system and loop config, ``k``, and the answer step."""
+    from effrag.pipelines import llm_options, reader_options
+
+    opts: dict[str, Any] = {}
+    if cls.name == "efficientrag":
+        from effrag.pipelines.efficientrag_system import DEFAULT_SYSTEM, open_system
+        from effrag.pretrained import LOOP_DATASETS
+
+        system = open_system(args.model or DEFAULT_SYSTEM, args.er_config)
+        config = system.config
+        if config is None:  # no general loop.json: the loop tuned on HotpotQA (Wikipedia paragraphs, two hops)
+            config = next((c for d in LOOP_DATASETS if (c := system.root / f"loop-{d}.json").is_file()), None)
+        opts.update(labeler=system.labeler, filter=system.filter, ranker=system.ranker, er_config=config)
+        if args.k:
+            opts["k"] = args.k
+    else:
+        if args.model or args.er_config:
+            raise ValueError(f"--model and --er-config apply to --method efficientrag, not {cls.name}")
+        opts["k"] = args.k or 10
+    opts.update(llm_options(cls, args.llm, None))
+    opts.update(reader_options(cls, args.reader))
+    return opts
+
+
+def _row(result) -> dict[str, Any]:
+    row: dict[str, Any] = {"question": result.question,
+                           "chunks": [{"rank": i, "id": c.id, "score": round(float(c.score), 6), "title": c.title,
+                                       "text": c.text} for i, c in enumerate(result.chunks, start=1)]}
+    if result.answer is not None:
+        row["answer"] = result.answer
+    return row
+
+
+def _text(row: dict[str, Any]) -> str:
+    lines = [f"question: {row['question']}"]
+    for c in row["chunks"]:
+        text = " ".join(c["text"].split())
+        snippet = text if len(text) <= SNIPPET_CHARS else text[:SNIPPET_CHARS - 1].rstrip() + "…"
+        lines.append(f"{c['rank']:>3}  {c['score']:8.4f}  {c['title'] or '(no title)'}: {snippet}")
+    if not row["chunks"]:
+        lines.append("  (no chunks)")
+    if "answer" in row:
+        lines.append(f"answer: {row['answer']}")
+    return "\n".join(lines)
+
+
+def _cmd_retrieve(args) -> None:
+    from effrag.experiment import open_index
+    from effrag.pipelines import build_pipeline, get_pipeline_class
+
+    questions = read_questions(args)  # before any model or index loads: a bad file fails at once
+    cls = get_pipeline_class(args.method)
+    opts = _method_options(cls, args)
+    retriever = open_index(args.index)
+    pipeline = build_pipeline(args.method, retriever, **opts)
+    for start in range(0, len(questions), BATCH):
+        for result in pipeline.run_batch(questions[start:start + BATCH]):
+            row = _row(result)
+            print(json.dumps(row, ensure_ascii=False) if args.json else _text(row) + "\n", flush=True)
+    if not args.json:
+        print(f"({len(questions)} question(s), method {pipeline.name}, index {args.index})", file=sys.stderr)

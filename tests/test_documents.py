@@ -1,0 +1,150 @@
+"""Your own documents and questions: passage records without ids, folders of text files split into passages,
+and ``effrag retrieve`` over the index built from them (with the shipped EfficientRAG, and Direct-R)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from effrag.cli import main
+from effrag.data import Corpus, DataFormatError, passage_id
+from effrag.data.documents import corpus_from_inputs, folder_passages, is_passage_file, split_passages
+
+SPACE = """# Space travellers
+
+Sigmund Jähn was a German cosmonaut who flew aboard Soyuz 31 in 1978.
+He was the first German in space.
+
+Christer Fuglesang is a Swedish astronaut who first flew on the Space Shuttle Discovery in 2006,
+on mission STS-116.
+"""
+RIVERS = """The Rhine rises in the Swiss Alps and flows into the North Sea.
+
+The Danube flows through ten countries, more than any other river in the world. It ends in the Black Sea.
+"""
+
+
+def run(argv, capsys):
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def docs(tmp_path):
+    d = tmp_path / "docs"
+    (d / "more").mkdir(parents=True)
+    (d / "space.md").write_text(SPACE)
+    (d / "more" / "rivers.txt").write_text(RIVERS)
+    (d / "image.png").write_bytes(b"\x89PNG")  # not a text file: left out
+    return d
+
+
+# ---------------------------------------------------------------- passages without ids
+
+def test_records_without_id_get_content_hash_ids_and_repeats_count_once(tmp_path):
+    f = tmp_path / "mine.jsonl"
+    rows = [{"title": "A", "text": "Alpha text."}, {"text": "No title here."}, {"id": 7, "title": "B", "text": "Beta."},
+            {"title": "A", "text": "Alpha   text."}]  # the first record again (whitespace aside)
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    corpus = Corpus.from_jsonl(f)
+    assert corpus.ids == [passage_id("A", "Alpha text."), passage_id("", "No title here."), "7"]
+    assert corpus[corpus.ids[1]].title == "" and is_passage_file(f)
+    f.write_text(json.dumps({"id": "", "text": "x"}) + "\n")
+    with pytest.raises(DataFormatError, match=r"mine.jsonl:1: field 'id': expected a non-empty string"):
+        Corpus.from_jsonl(f)
+    f.write_text(json.dumps({"title": "T"}) + "\n")
+    with pytest.raises(DataFormatError, match=r"mine.jsonl:1: field 'text': missing"):
+        Corpus.from_jsonl(f)
+
+
+# ---------------------------------------------------------------- folders of text files
+
+def test_paragraphs_merge_up_to_max_words_and_long_ones_split_at_sentences():
+    text = "one two three.\n\nfour five.\n\n\n" + " ".join(f"w{i}." for i in range(7)) + "\n"
+    assert split_passages(text, max_words=100) == ["one two three.\n\nfour five.\n\n" + " ".join(f"w{i}." for i in range(7))]
+    assert split_passages(text, max_words=5) == ["one two three.\n\nfour five.", "w0. w1. w2. w3. w4.", "w5. w6."]
+    # a sentence longer than a passage is cut at the word limit; lines of a paragraph join with one space
+    assert split_passages("a b c d e f g\nh", max_words=3) == ["a b c", "d e f", "g h"]
+    assert split_passages("  \n\n ", max_words=3) == []
+    # a Markdown heading opens a passage, however short the one before
+    assert split_passages("intro.\n\n# Part two\n\nbody.", max_words=50) == ["intro.", "# Part two\n\nbody."]
+    with pytest.raises(ValueError, match="max_words must be at least 1"):
+        split_passages("x", max_words=0)
+
+
+def test_folder_passages_title_by_file_and_part(docs, tmp_path):
+    one = folder_passages(docs)  # each file fits in one passage of 200 words
+    assert [p.title for p in one] == ["rivers", "space"]  # sorted by path: more/rivers.txt, space.md
+    assert one[1].text.startswith("# Space travellers\n\nSigmund Jähn") and one[1].id == passage_id("space", one[1].text)
+    parts = folder_passages(docs, max_words=25)
+    assert [p.title for p in parts] == ["rivers (part 1)", "rivers (part 2)", "space (part 1)", "space (part 2)"]
+    assert all(len(p.text.split()) <= 25 for p in parts)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"empty: no .txt or .md files in it"):
+        folder_passages(tmp_path / "empty")
+    (docs / "bad.txt").write_bytes(b"caf\xe9\n")
+    with pytest.raises(DataFormatError, match=r"bad.txt:1: not UTF-8 \(byte 0xe9"):
+        folder_passages(docs)
+
+
+def test_corpus_build_pools_folders_passage_files_and_dataset_files(docs, tmp_path, capsys):
+    from effrag.data import build_corpus, sample_path
+
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text(json.dumps({"title": "Note", "text": "A note of mine."}) + "\n")
+    dev = sample_path("hotpotqa", "dev")
+    code, out, err = run(["corpus", "build", "--inputs", docs, mine, dev, docs, "--max-words", 25,
+                          "--output", tmp_path / "corpus.jsonl"], capsys)
+    assert code == 0, err
+    corpus = Corpus.from_jsonl(tmp_path / "corpus.jsonl")
+    assert corpus.fingerprint() == corpus_from_inputs([docs, mine, dev], max_words=25).fingerprint()
+    assert len(corpus) == 4 + 1 + len(build_corpus([dev]))  # the folder given twice counts once
+    assert corpus.passages[4].title == "Note"
+
+
+# ---------------------------------------------------------------- effrag retrieve
+
+@pytest.fixture
+def bm25_index(docs, tmp_path, capsys):
+    code, _, err = run(["index", "build", "--corpus", docs, "--max-words", 25, "--retriever", "bm25",
+                        "--output", tmp_path / "idx"], capsys)
+    assert code == 0, err
+    return tmp_path / "idx"
+
+
+def test_retrieve_with_the_shipped_efficientrag_over_a_folder_index(bm25_index, capsys):
+    q = "Which person went into space at a later date, Sigmund Jähn or Christer Fuglesang?"
+    code, out, err = run(["retrieve", "--index", bm25_index, q], capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == f"question: {q}"
+    ranked = [line.split(None, 2) for line in lines[1:] if line.strip()]
+    assert [int(r[0]) for r in ranked] == list(range(1, len(ranked) + 1)) and ranked
+    assert any("Christer Fuglesang" in r[2] for r in ranked) and "space (part" in out
+    code, out, err = run(["retrieve", "--index", bm25_index, "--json", q, "Where does the Danube end?"], capsys)
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["question"] for r in rows] == [q, "Where does the Danube end?"]
+    assert all({"rank", "id", "score", "title", "text"} <= set(c) for r in rows for c in r["chunks"])
+    assert "answer" not in rows[0]
+
+
+def test_retrieve_direct_r_questions_file_and_one_line_errors(bm25_index, tmp_path, capsys):
+    qs = tmp_path / "questions.txt"
+    qs.write_text("Where does the Danube end?\n\nWhere does the Rhine rise?\n")
+    code, out, err = run(["retrieve", "--index", bm25_index, "--questions", qs, "--method", "direct-r", "--k", 2,
+                          "--json"], capsys)
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert len(rows) == 2 and all(1 <= len(r["chunks"]) <= 2 for r in rows)  # BM25 returns words that match
+    assert rows[0]["chunks"][0]["title"] == "rivers (part 2)" and "Black Sea" in rows[0]["chunks"][0]["text"]
+    assert rows[1]["chunks"][0]["title"] == "rivers (part 1)"
+    for argv, message in [([], "no question: give one or more questions, or --questions FILE"),
+                          (["--questions", tmp_path / "nope.txt"], "questions file not found"),
+                          (["--method", "direct-r", "--model", "efficientrag-all", "q?"], "--model and --er-config")]:
+        code, out, err = run(["retrieve", "--index", bm25_index, *argv], capsys)
+        assert code == 2 and err.count("\n") == 1 and message in err, err

@@ -191,6 +191,11 @@ def add_ranker_data_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--negatives", type=positive_int, default=7, help="negatives per group")
     p.add_argument("--groups-per-positive", type=positive_int, default=2)
     p.add_argument("--no-context", action="store_true", help="no distractor paragraphs of the question's own")
+    p.add_argument("--question-first-hop-only", action="store_true",
+                   help="under the question, only first-hop gold chunks are positives (the loop reads a later hop's "
+                        "gold again under the next query)")
+    p.add_argument("--info", action="store_true", help="a next query's groups also under its Filter input "
+                   "(\"<query> Info: <kept words>\", what the loop's ranker reads with rank_query: info)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache-dir", type=Path, default=None, help="index cache (default: effrag's)")
     p.add_argument("--quiet", action="store_true")
@@ -203,7 +208,8 @@ def run_ranker_data(args) -> dict:
     from .ranker_groups import write_ranker_data
 
     options = {"depth": args.depth, "negatives": args.negatives, "groups_per_positive": args.groups_per_positive,
-               "context": not args.no_context, "seed": args.seed}
+               "context": not args.no_context, "seed": args.seed, "info": args.info,
+               "question_first_hop_only": args.question_first_hop_only}
     done = Path(args.output) / "ranker_data.json"
     settings = {"synth": str(args.synth), "inputs": [str(f) for f in args.inputs], "retriever": args.retriever,
                 **options}

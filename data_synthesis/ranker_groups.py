@@ -44,14 +44,31 @@ def _rng(seed: int, *parts: str) -> random.Random:
     return random.Random(int(digest[:16], 16))
 
 
+def info_queries(filter_records: Iterable[dict]) -> dict[tuple[str, str], str]:
+    """``(qid, next query) -> its Filter input`` ("<query> Info: <kept words>") from synthesised Filter records: what
+    the loop's ranker reads a later hop's chunks under with ``rank_query: info``."""
+    from effrag.text import join_words
+
+    out: dict[tuple[str, str], str] = {}
+    for f in filter_records:
+        out.setdefault((f["qid"], f["target"]), join_words(f["words"]))
+    return out
+
+
 def ranker_groups(questions: Sequence[Question], labeler_records: Iterable[dict], retriever, *, depth: int = 30,
                   negatives: int = 7, groups_per_positive: int = 2, context: bool = True, seed: int = 0,
-                  batch_size: int = 256) -> tuple[list[dict], dict[str, int]]:
+                  batch_size: int = 256, infos: dict[tuple[str, str], str] | None = None,
+                  question_first_hop_only: bool = False) -> tuple[list[dict], dict[str, int]]:
     """The ranker's training groups and counts (see the module docstring).
 
     ``retriever.search`` must reach the questions' gold passages by the ids the Labeler records use (the
     corpus pooled from the same files). A (query, gold) pair whose gold is not in the corpus, or whose query
-    has fewer than ``negatives`` negatives, gives no group (counted).
+    has fewer than ``negatives`` negatives, gives no group (counted). With ``infos`` (:func:`info_queries`), a
+    next query's groups come twice: under the query, and under its Filter input (the same gold and negatives:
+    the loop retrieves with the query and, with ``rank_query: info``, ranks under the Filter input).
+    ``question_first_hop_only`` leaves out the groups of a later hop's gold under the question: the question
+    alone does not say that the bridge entity's paragraph is relevant, so those groups teach the ranker to
+    guess; the loop reads such a chunk again under the next query (``rescore_top``), where it can tell.
     """
     if negatives < 1 or groups_per_positive < 1 or depth < negatives:
         raise ValueError(f"need negatives >= 1, groups_per_positive >= 1 and depth >= negatives, got "
@@ -59,7 +76,8 @@ def ranker_groups(questions: Sequence[Question], labeler_records: Iterable[dict]
     by_id = {q.id: q for q in questions}
     pos = positives(labeler_records)
     keys = [k for k in pos if k[0] in by_id]
-    counts = {"queries": len(keys), "groups": 0, "no_gold_passage": 0, "few_negatives": 0,
+    counts = {"queries": len(keys), "groups": 0, "info_groups": 0, "later_hop_under_question": 0,
+              "no_gold_passage": 0, "few_negatives": 0,
               "unknown_question": len(pos) - len(keys)}
     passages = {p.id: p for q in questions for p in q.contexts}
     groups: list[dict] = []
@@ -79,6 +97,9 @@ def ranker_groups(questions: Sequence[Question], labeler_records: Iterable[dict]
                     if p.id not in gold_ids and _title_key(p.title) not in gold_titles:
                         negs.setdefault(p.id, p)
             for pid, hop in pos[(qid, query)].items():
+                if question_first_hop_only and hop > 1 and query == q.question:
+                    counts["later_hop_under_question"] += 1
+                    continue
                 gold = passages.get(pid)
                 if gold is None:
                     counts["no_gold_passage"] += 1
@@ -88,12 +109,15 @@ def ranker_groups(questions: Sequence[Question], labeler_records: Iterable[dict]
                     continue
                 order = sorted(negs)
                 _rng(seed, qid, query, pid).shuffle(order)
+                info = (infos or {}).get((qid, query))
                 for g in range(min(groups_per_positive, len(order) // negatives)):
                     cands = [gold] + [negs[i] for i in order[g * negatives:(g + 1) * negatives]]
-                    groups.append({"qid": qid, "dataset": q.dataset, "hop": hop, "query": query, "candidates": [
-                        {"chunk_id": c.id, "title": c.title, "text": c.text, "gold": int(i == 0)}
-                        for i, c in enumerate(cands)]})
-                    counts["groups"] += 1
+                    for text in [query] + ([info] if info else []):
+                        groups.append({"qid": qid, "dataset": q.dataset, "hop": hop, "query": text, "candidates": [
+                            {"chunk_id": c.id, "title": c.title, "text": c.text, "gold": int(i == 0)}
+                            for i, c in enumerate(cands)]})
+                        counts["groups"] += 1
+                        counts["info_groups"] += text is info
     return groups, counts
 
 
@@ -111,6 +135,8 @@ def write_ranker_data(synth_dir: str | Path, inputs: Sequence[str | Path], outpu
     if not labeler.is_file():
         raise FileNotFoundError(f"{labeler} not found (an `effrag synthesize` output folder is needed)")
     records = [rec for _, rec in numbered_jsonl(labeler)]
+    if options.pop("info", False):
+        options["infos"] = info_queries(rec for _, rec in numbered_jsonl(Path(synth_dir) / "filter.jsonl"))
     # one corpus pooled from every input, as synthesis mined the Labeler's negatives
     setup = RunSetup.build(list_questions(inputs), corpus_from=list(inputs), retriever=retriever, bf16=bf16,
                            cache_dir=cache_dir)
@@ -122,8 +148,8 @@ def write_ranker_data(synth_dir: str | Path, inputs: Sequence[str | Path], outpu
         for g in groups:
             fh.write(json.dumps(g, ensure_ascii=False) + "\n")
     tmp.replace(out / "ranker.jsonl")
-    info = {"synth": str(synth_dir), "inputs": [str(f) for f in inputs], "retriever": retriever, **options,
-            **counts}
+    info = {"synth": str(synth_dir), "inputs": [str(f) for f in inputs], "retriever": retriever,
+            **{k: v for k, v in options.items() if k != "infos"}, "info": "infos" in options, **counts}
     (out / "ranker_data.json").write_text(json.dumps(info, indent=2))
     return info
 

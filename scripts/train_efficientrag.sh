@@ -60,7 +60,7 @@ for d in hotpotqa 2wikimqa musique; do   # dev records: validation metrics of ev
     --retriever bm25 --groups-per-positive 1 --quiet
 done
 "$BIN/effrag" ranker-data --synth "$synth" --inputs "${inputs[@]}" --output "runs/ranker/train_$ds" \
-  --retriever hybrid --groups-per-positive 1
+  --retriever hybrid --groups-per-positive 1 --info --question-first-hop-only
 "$BIN/python" scripts/train_models.py --name "$name" --synth "$synth" --processes "${PROCESSES:-1}" \
   ${LAUNCH:+--launch-args "$LAUNCH"} --labeler-overrides "${LABELER_ARGS:-}" -- --data.max_train_examples 100000 "$@"
 # shellcheck disable=SC2086

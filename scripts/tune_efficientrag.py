@@ -56,6 +56,12 @@ def main(argv=None) -> int:
     except ValueError as e:
         p.error(str(e))
     logging.getLogger("effrag.models").setLevel(logging.ERROR)  # truncation warnings on every hop are noise here
+    if args.labeler is None and args.filter is None:  # a system folder (--model, or the shipped one): its checkpoints
+        from effrag.pipelines.efficientrag_system import DEFAULT_SYSTEM, open_system
+
+        system = open_system(args.model or DEFAULT_SYSTEM)
+        args.labeler, args.filter, args.ranker = system.labeler, system.filter, args.ranker or system.ranker
+        args.model = None
     run = RunSetup.from_args(args, own_contexts=True)
     loop = build_pipeline("efficientrag", run.retriever, **method_options(args)).loop
     setup = {"questions": run.sources["questions"], "n": len(run.questions), "seed": args.seed,

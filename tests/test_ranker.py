@@ -78,7 +78,7 @@ def _loop(models, retriever, ranker=True, **cfg):
     lab, fil, rank = models
     counted = {"labeler": Counting(lab), "ranker": Counting(rank) if ranker else None}
     config = EfficientRAGConfig(**{"hop_k": 4, "first_hop_k": 8, "max_hops": 2, "tag_threshold": 0.0,
-                                   "pool_source": "seen", "pool_order": "rank", **cfg})
+                                   "pool_source": "seen", "pool_order": "rank", "retrieval_weight": 1.0, **cfg})
     return EfficientRAGLoop(counted["labeler"], fil, retriever, config, ranker=counted["ranker"]), counted
 
 
@@ -125,6 +125,25 @@ def test_labeler_top_reads_only_the_best_ranked_new_chunks(models, retriever, ho
             assert min(c["rank_score"] for c in read) >= max((c["rank_score"] for c in unread), default=-1e9)
     # hop 0 is the same retrieval and the same ranker scores in both runs
     assert [c["id"] for c in res_top[0].trace[0]["chunks"]] == [c["id"] for c in res_full[0].trace[0]["chunks"]]
+
+
+def test_rescore_top_reads_seen_chunks_again_under_later_queries(models, retriever, hotpot):
+    qs = [q.question for q in hotpot[:4]]
+    plain, n_plain = _loop(models, retriever, labeler_top=2)
+    again, n_again = _loop(models, retriever, labeler_top=2, rescore_top=6)
+    res_plain, res_again = plain.run(qs), again.run(qs)
+    rescored = [c for r in res_again for e in r.trace[1:] for c in e.get("rescored", [])]
+    assert rescored and n_again["ranker"].pairs == n_plain["ranker"].pairs + len(rescored)
+    assert not any("rescored" in e for r in res_again for e in r.trace[:1])  # hop 0 has nothing seen before
+    for r in res_again:
+        best = {}
+        for e in r.trace[1:]:
+            for c in e.get("rescored", []):
+                best[c["id"]] = max(c["rank_score"], best.get(c["id"], -1e9))
+        keys = [max(c.rank_score, best.get(c.id, -1e9)) - math.log1p(c.retrieval_rank) for c in r.chunks]
+        assert keys == pytest.approx(sorted(keys, reverse=True), abs=1e-3)
+    # reading again changes the order only: the same chunks are seen
+    assert [sorted(r.ids) for r in res_again] == [sorted(r.ids) for r in res_plain]
 
 
 def test_labeler_top_needs_a_ranker_and_results_do_not_depend_on_batch_mates(models, retriever, hotpot):
@@ -218,7 +237,8 @@ def test_ranker_trains_with_train_py_and_learns_the_groups(groups_dir, tmp_path)
                                      num_attention_heads=2, intermediate_size=64)).save_pretrained(base)
     tok.save_pretrained(base)
     data = str(root / "groups" / "ranker.jsonl")
-    cfg = load_config("ranker", {"model": {"name_or_path": str(base), "max_length": 64},
+    cfg = load_config("ranker", {"model": {"name_or_path": str(base), "max_length": 64,
+                                           "freeze": ["embeddings.word_embeddings"]},
                                  "data": {"train_file": data, "eval_files": [data], "max_eval_examples": None},
                                  "train": {"output_dir": str(tmp_path / "run"), "epochs": 3, "lr": 3e-3,
                                            "mixed_precision": "no", "save_every": 0, "log_every": 1}})
@@ -229,3 +249,85 @@ def test_ranker_trains_with_train_py_and_learns_the_groups(groups_dir, tmp_path)
     assert res["eval"]["mrr"] > 0.6 and res["eval"]["n"] > 20  # the training groups, seen 3 times
     model = load_model(tmp_path / "run" / "last")
     assert isinstance(model, RankerModel) and model.max_length == 64
+    before = AutoModel.from_pretrained(base)  # frozen: the word embeddings are the base's, the rest trained
+    assert torch.equal(model.encoder.embeddings.word_embeddings.weight, before.embeddings.word_embeddings.weight)
+    assert not torch.equal(model.encoder.encoder.layer[0].attention.self.query.weight,
+                           before.encoder.layer[0].attention.self.query.weight)
+    from effrag.training.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model.freeze"):
+        train(load_config("ranker", {"model": {"name_or_path": str(base), "freeze": ["no.such.weights"]},
+                                     "data": {"train_file": data, "eval_files": []},
+                                     "train": {"output_dir": str(tmp_path / "bad"), "mixed_precision": "no"}}))
+
+
+def test_info_groups_repeat_a_next_querys_groups_under_its_filter_input(groups_dir):
+    from effrag.cli import main
+    from effrag.text import join_words
+
+    root, args = groups_dir
+    out = root / "info"
+    assert main([*args[:args.index("--output") + 1], str(out), *args[args.index("--output") + 2:], "--info"]) == 0
+    plain = [json.loads(x) for x in (root / "groups" / "ranker.jsonl").read_text().splitlines()]
+    both = [json.loads(x) for x in (out / "ranker.jsonl").read_text().splitlines()]
+    filters = [json.loads(x) for x in (root / "synth" / "filter.jsonl").read_text().splitlines()]
+    info_of = {(f["qid"], f["target"]): join_words(f["words"]) for f in filters}
+    info = [g for g in both if "Info:" in g["query"]]
+    assert info and len(both) == len(plain) + len(info)
+    assert json.loads((out / "ranker_data.json").read_text())["info_groups"] == len(info)
+    by_query: dict = {}
+    for g in plain:
+        by_query.setdefault((g["qid"], g["query"]), []).append([c["chunk_id"] for c in g["candidates"]])
+    for g in info:  # the same gold and negatives as one of the next query's own groups
+        targets = [t for (qid, t), text in info_of.items() if qid == g["qid"] and text == g["query"]]
+        assert [c["chunk_id"] for c in g["candidates"]] in by_query[(g["qid"], targets[0])]
+
+
+# ---------------------------------------------------------------------- a system folder opened from one path
+def _system(tiny_efficientrag_dirs, root, retriever="bm25"):
+    import shutil
+
+    for name in ("labeler", "filter", "ranker"):
+        shutil.copytree(tiny_efficientrag_dirs[name], root / name)
+    config = {"first_hop_k": 6, "hop_k": 3, "max_hops": 2, "tag_threshold": 0.3, "pool_source": "seen",
+              "pool_order": "rank", "labeler_top": 2, "rescore_top": 3, "max_candidates": 5}
+    (root / "loop.json").write_text(json.dumps({"config": config, "retriever": retriever}))
+    (root / "loop-hotpotqa.json").write_text(json.dumps({"config": {**config, "max_candidates": 4},
+                                                         "retriever": retriever}))
+    return root
+
+
+def test_eval_opens_a_system_and_its_configs_retriever_unless_told_otherwise(tiny_efficientrag_dirs, tmp_path):
+    from effrag.cli import main
+
+    system = _system(tiny_efficientrag_dirs, tmp_path / "sys")
+    dev = str(sample_path("hotpotqa", "dev"))
+    base = ["eval", "--method", "efficientrag", "--model", str(system), "--questions", dev, "--limit", "3",
+            "--corpus-from", dev, "--cache-dir", str(tmp_path / "idx")]
+    assert main([*base, "--output", str(tmp_path / "a")]) == 0
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())["run"]
+    assert cfg["retriever"] == "bm25" and cfg["method_config"]["max_candidates"] == 5  # loop.json and its retriever
+    rows = [json.loads(x) for x in (tmp_path / "a" / "predictions.jsonl").read_text().splitlines()]
+    assert all(len(r["retrieved"]) <= 5 for r in rows)
+    assert all(c.get("rank_score") is not None for r in rows for h in r["trace"]["hops"] for c in h["chunks"])
+    assert main([*base, "--retriever", "dense", "--output", str(tmp_path / "b")]) == 0  # told otherwise
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["run"]["retriever"] == "dense"
+    assert main([*base, "--er-config", str(system / "loop-hotpotqa.json"), "--output", str(tmp_path / "c")]) == 0
+    cfg = json.loads((tmp_path / "c" / "config.json").read_text())["run"]
+    assert cfg["retriever"] == "bm25" and cfg["method_config"]["max_candidates"] == 4
+
+
+def test_from_pretrained_opens_a_system_over_a_corpus(tiny_efficientrag_dirs, tmp_path, hotpot):
+    from effrag import EfficientRAG
+    from effrag.data import Corpus
+
+    system = _system(tiny_efficientrag_dirs, tmp_path / "sys")
+    corpus = Corpus.from_questions(hotpot)
+    rag = EfficientRAG.from_pretrained(system, corpus=corpus)
+    assert rag.retriever.kind == "bm25" and rag.config.max_candidates == 5 and rag.loop.ranker is not None
+    r = rag.retrieve(hotpot[0].question)
+    assert 0 < len(r) <= 5 and all(c.rank_score is not None for c in r)
+    other = EfficientRAG.from_pretrained(system, corpus=corpus, retriever="bm25", dataset="hotpotqa")
+    assert other.config.max_candidates == 4  # loop-hotpotqa.json, with the retriever named here
+    with pytest.raises(ValueError, match="needs a retriever, or a corpus"):
+        EfficientRAG.from_pretrained(system)

@@ -265,3 +265,52 @@ def test_summarize_tuning_groups_rows_and_takes_each_budgets_best(load_script, t
     with pytest.raises(SystemExit):
         summarize.main([str(tmp_path), "--by", "query_chunks"])
     assert "results.jsonl:1: not JSON" in capsys.readouterr().err
+
+
+def test_report_chooses_shipped_configs_and_cross_fits_them_against_three_retrievers(tiny_efficientrag_dirs, tmp_path,
+                                                                                     load_script):
+    """scripts/tune_efficientrag.py then scripts/efficientrag_report.py on the bundled sample: the system folder
+    gets loop-<dataset>.json and loop.json with their retriever, the questions that chose them and held-out
+    figures; the tables compare with BM25, dense and hybrid Direct-R on the same questions."""
+    import json
+    import shutil
+
+    import torch
+
+    from effrag.data import sample_path
+    from effrag.pipelines.efficientrag_config import build_config
+    from effrag.pipelines.efficientrag_system import open_system
+
+    torch.set_num_threads(1)
+    d = tiny_efficientrag_dirs
+    data = sample_path("hotpotqa", "dev").parents[1]
+    tune = tmp_path / "tune"
+    args = ["--labeler", str(d["labeler"]), "--filter", str(d["filter"]), "--ranker", str(d["ranker"]),
+            "--questions", str(data / "hotpotqa" / "dev.jsonl"), "--corpus-from", str(data / "hotpotqa" / "train.jsonl"),
+            "--retriever", "bm25", "--limit", "8", "--n", "0", "--cache-dir", str(tmp_path / "idx"),
+            "--grid", "first_hop_k=8", "hop_k=3", "max_hops=2", "tag_threshold=0.3", "pool_source=seen",
+            "pool_order=rank", "retrieval_weight=0,1", "requery_weight=0,1", "--output", str(tune)]
+    assert load_script("tune_efficientrag").main(args) == 0
+    rows = [json.loads(x) for x in (tune / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(len(r["per_question"]) == 8 for r in rows)
+    system = tmp_path / "system"
+    for name in ("labeler", "filter", "ranker"):
+        shutil.copytree(d[name], system / name)
+    out = tmp_path / "report"
+    assert load_script("efficientrag_report").main(
+        ["--tune", f"hotpotqa={tune}", "--data", str(data), "--system", str(system), "--output", str(out),
+         "--keep-sample", "--folds", "2"]) == 0
+    for f in ("loop.json", "loop-hotpotqa.json"):
+        cfg = json.loads((system / f).read_text())
+        assert cfg["retriever"] == "bm25" and cfg["config"]["max_candidates"] == 10
+        assert set(cfg["crossfit"]["hotpotqa"]["recall"]) == {"7", "10"} and cfg["crossfit"]["hotpotqa"]["n"] == 8
+        setup = cfg["setup"] if f != "loop.json" else cfg["setup"]["hotpotqa"]
+        assert setup["questions"] == "hotpotqa/dev.jsonl"  # no machine path in a shipped file
+        build_config(system / f)  # a valid loop config file
+    assert open_system(system).retriever == "bm25" and open_system(system).config == system / "loop.json"
+    assert open_system(system, dataset="hotpotqa").config == system / "loop-hotpotqa.json"
+    table = (out / "table2.md").read_text()
+    assert "bm25 @20" in table and "hybrid @30" in table and "cross-fitted (2 folds" in table
+    report = json.loads((out / "crossfit.json").read_text())
+    assert set(report["direct_r"]["hotpotqa"]) == {"bm25", "dense", "hybrid"}
+    assert "## Dev figures (cross-fitted)" in (system / "README.md").read_text()

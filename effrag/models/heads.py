@@ -259,6 +259,12 @@ class EncoderWithHeads(nn.Module):
         check_finite(model, path)
         return model
 
+    def base_encoder_alias(self) -> str | None:
+        """The packaged encoder (an :data:`ENCODER_ALIASES` name) this model was trained from, if it was: a compact
+        copy stores the tensors training left unchanged (frozen ones) by reference to it."""
+        name = str(((self.training_config or {}).get("config") or {}).get("model", {}).get("name_or_path", ""))
+        return name.lower() if name.lower() in ENCODER_ALIASES else None
+
     def save_pretrained(self, path: str | Path, state_dict: dict | None = None, training: dict | None = None,
                         compact: bool = False) -> None:
         """Write encoder, heads, tokenizer and ``effrag_config.json`` into ``path``.
@@ -277,7 +283,7 @@ class EncoderWithHeads(nn.Module):
         heads = {k: v.detach().contiguous().cpu() for k, v in sd.items() if not k.startswith("encoder.")}
         if compact:
             (path / "model.safetensors").unlink(missing_ok=True)
-            save_compact_encoder(self.encoder, path, enc)
+            save_compact_encoder(self.encoder, path, enc, base=self.base_encoder_alias())
         else:
             self.encoder.save_pretrained(path, state_dict=enc)
         save_file(heads, str(path / HEADS_NAME))

@@ -33,8 +33,8 @@ from effrag.text import chunk_text, filter_input_words, join_words, words, words
 
 from .base import Pipeline, register_pipeline
 # the loop's options live in their own module; importing them from here keeps working
-from .efficientrag_config import (CONTINUE, DEDUP_MODES, POOL_ORDERS, POOL_SOURCES, QUERY_MODES, TERMINATE,
-                                  EfficientRAGConfig, build_config)
+from .efficientrag_config import (CONTINUE, DEDUP_MODES, POOL_ORDERS, POOL_SOURCES, QUERY_MODES, RANK_QUERIES,
+                                  TERMINATE, EfficientRAGConfig, build_config)
 from .generation import answer_results
 from .result import Chunk, Result
 
@@ -57,6 +57,10 @@ class _State:
     requeries: list[tuple[dict[str, tuple[float, int]], int]] = field(default_factory=list)
     # relabel_weight: each chunk's best p(<Continue>) under a hop >= 1 query
     relabels: dict[str, float] = field(default_factory=dict)
+    # rescore_top: each earlier chunk's best ranker logit under a hop >= 1 query that retrieved it again
+    rescores: dict[str, float] = field(default_factory=dict)
+    # rank_query "info": each next query's Filter input ("<query> Info: <kept words>"), what the ranker reads
+    infos: dict[str, str] = field(default_factory=dict)
     # scratch of the current hop
     entry: dict[str, Any] = field(default_factory=dict)
     cont: list[Chunk] = field(default_factory=list)
@@ -206,6 +210,7 @@ class EfficientRAGLoop:
         t_ret = time.perf_counter() - t0
         # 2. up to hop_k chunks per query that this question has not seen in any hop
         pairs: list[tuple[_State, int, Any]] = []
+        rescore: list[tuple[_State, int, Any]] = []  # (state, query, hit): a seen chunk the ranker reads again
         hop_k = self._hop_k(hop)
         for (s, qi), hs in zip(reqs, hits):
             if hop and hs:  # recorded whatever requery_weight is: it acts after the loop
@@ -220,6 +225,8 @@ class EfficientRAGLoop:
                     break
                 if h.id in s.seen:
                     s.entry["skipped_seen"] += 1
+                    if hop and r < cfg.rescore_top and self._rank is not None:
+                        rescore.append((s, qi, h))
                 else:
                     s.seen.add(h.id)
                     new.append((r, h))
@@ -236,9 +243,17 @@ class EfficientRAGLoop:
         #    question's best-ranked new chunks of the hop.
         pair_words = self._chunk_words([h for _, _, h, _ in pairs])
         t0 = time.perf_counter()
-        rank_scores = self._rank.predict([s.queries[qi] for s, qi, _, _ in pairs], pair_words,
+        ranked = [(s, qi, h) for s, qi, h, _ in pairs] + rescore
+        rank_text = (lambda s, qi: s.infos.get(s.queries[qi], s.queries[qi])) if cfg.rank_query == "info" else \
+            (lambda s, qi: s.queries[qi])
+        rank_scores = self._rank.predict([rank_text(s, qi) for s, qi, _ in ranked],
+                                         pair_words + self._chunk_words([h for _, _, h in rescore]),
                                          batch_size=cfg.batch_size, max_length=cfg.labeler_max_length,
-                                         bf16=cfg.bf16) if self._rank is not None and pairs else [None] * len(pairs)
+                                         bf16=cfg.bf16) if self._rank is not None and ranked else [None] * len(pairs)
+        for (s, qi, h), score in zip(rescore, rank_scores[len(pairs):]):
+            s.rescores[h.id] = max(float(score), s.rescores.get(h.id, float("-inf")))
+            s.entry.setdefault("rescored", []).append({"id": h.id, "query": qi, "rank_score": round(float(score), 4)})
+        rank_scores = rank_scores[:len(pairs)]
         t_rank = time.perf_counter() - t0
         read = self._labeler_reads(pairs, rank_scores)
         relabel = [(s, qi, c) for s in active for qi in range(len(s.queries)) for c in s.pool + s.rejected
@@ -298,6 +313,7 @@ class EfficientRAGLoop:
             s.entry["filter_inputs"].append(join_words(ws))
             if q not in s.entry["next_queries"]:
                 s.entry["next_queries"].append(q)
+                s.infos.setdefault(q, join_words(ws))
         # 5. trace, timing shares (by work items; the rest split evenly), next state
         t_rest = max(0.0, time.perf_counter() - t_hop - t_ret - t_lab - t_fil)
         for s in active:
@@ -322,6 +338,7 @@ class EfficientRAGLoop:
 
             def relevance(c: Chunk) -> float:
                 conf = c.rank_score if c.rank_score is not None else _logit(c.score)
+                conf = max(conf, s.rescores.get(c.id, conf))  # read again under a later query (rescore_top)
                 later = cfg.requery_weight * math.log1p(ranks[c.id]) if c.id in ranks else 0.0
                 return conf - cfg.retrieval_weight * math.log1p(c.retrieval_rank or 0) - later
 
@@ -428,6 +445,10 @@ _FLAGS = {  # effrag eval flag -> (type, help); dest = config field (except --er
     "--labeler-max-length": (int, "Labeler input length in sub-tokens (default: the trained length)"),
     "--stop-at-pool": (int, "end a question's loop once its pool holds this many <Continue> chunks (default: off)"),
     "--labeler-top": (int, "with --ranker: the Labeler reads only each hop's N best-ranked new chunks (default: all)"),
+    "--rescore-top": (int, "with --ranker: it reads again, under a later hop's query, the earlier chunks among that "
+                      "query's top N hits (default 0: off)"),
+    "--rank-query": (str, "with --ranker: what it reads a later hop's chunks under, the hop's query (query) or the "
+                     "Filter's input, query + Info: kept words (info)"),
 }
 
 
@@ -478,10 +499,11 @@ class EfficientRAGPipeline(Pipeline):
     def __init__(self, retriever, labeler=None, filter=None, config=None, generator=None,
                  k: int | None = None, er_config: str | None = None, er_batch_size: int | None = None,
                  er_bf16: bool | None = None, ranker=None, model=None, **options: Any):
+        named = ranker is not None
         labeler, filter, ranker, config = self._resolve(model, labeler, filter, ranker, config or er_config)
         config = self._config(config, k, er_batch_size, er_bf16, **options)
-        if config.pool_order != "rank" and config.labeler_top is None:
-            ranker = None  # a system's ranker only reads when the config ranks by it
+        if not named and config.pool_order != "rank" and config.labeler_top is None:
+            ranker = None  # a system's own ranker only reads when the config ranks by it
         models = load_models(labeler, filter, ranker=ranker)
         self.loop = EfficientRAGLoop(models[0], models[1], retriever, config,
                                      ranker=models[2] if ranker is not None else None)
@@ -538,7 +560,7 @@ class EfficientRAGPipeline(Pipeline):
         g.add_argument("--er-config", metavar="JSON", help="loop config file (e.g. a system's loop-<dataset>.json)")
         for flag, (typ, help_) in _FLAGS.items():
             choices = {"--query-mode": QUERY_MODES, "--dedup": DEDUP_MODES, "--pool-order": POOL_ORDERS,
-                       "--pool-source": POOL_SOURCES}.get(flag)
+                       "--pool-source": POOL_SOURCES, "--rank-query": RANK_QUERIES}.get(flag)
             g.add_argument(flag, type=typ, default=None, choices=choices, help=help_)
         g.add_argument("--er-int8", dest="int8", action="store_true", default=None,
                        help="int8 dynamic quantization of the Labeler/Filter Linear layers (CPU)")

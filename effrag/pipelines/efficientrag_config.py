@@ -17,13 +17,15 @@ DEDUP_MODES = ("refill", "drop")
 CHUNK_FORMATS = ("title_text", "text")
 POOL_ORDERS = ("hop", "fused", "fused_logit", "rank")
 POOL_SOURCES = ("continue", "seen")
+RANK_QUERIES = ("query", "info")
 CONTINUE, TERMINATE = "<Continue>", "<Terminate>"
 # options that act after the loop, on its finished pools: configs differing only in these share one loop run
 POOL_OPTIONS = frozenset({"pool_order", "pool_source", "retrieval_weight", "requery_weight", "max_candidates",
                           "min_candidates"})
 # options added after configs were first written (left out of to_json at their defaults, so old configs still match)
 _ADDED_DEFAULTS = {"int8": False, "stop_at_pool": None, "prune_last_hop": False, "requery_weight": 0.0,
-                   "relabel_weight": 0.0, "query_chunks": None, "labeler_top": None}
+                   "relabel_weight": 0.0, "query_chunks": None, "labeler_top": None, "rescore_top": 0,
+                   "rank_query": "query"}
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,8 @@ RULES: dict[str, Rule] = {
     "stop_at_pool": Rule(int, min=1, optional=True),
     "prune_last_hop": Rule(bool),
     "labeler_top": Rule(int, min=1, optional=True),
+    "rescore_top": Rule(int, min=0),
+    "rank_query": Rule(str, choices=RANK_QUERIES),
 }
 
 
@@ -165,7 +169,14 @@ class EfficientRAGConfig:
     later hops' queries). ``labeler_top`` (default None: all; needs a ranker) lets the Labeler read only the
     ``labeler_top`` new chunks of each hop that the ranker scores highest: the Labeler's tags and kept words
     only steer the next query, which comes from the most confident chunks, so the rest of the hop costs one
-    ranker forward each instead of two forwards.
+    ranker forward each instead of two forwards. ``rescore_top`` (default 0: off; needs a ranker) lets the ranker
+    read again, under each hop >= 1 query, the chunks of earlier hops among that query's top ``rescore_top`` hits,
+    and ``pool_order: rank`` takes each chunk's best logit: a second-hop paragraph is often among the question's
+    own hits, where the question alone cannot tell it is relevant; the next query names the bridge entity.
+    ``rank_query`` is what the ranker reads a hop >= 1 chunk under: ``query`` (default), the hop's query (the
+    Filter's output), or ``info``, the Filter's input ``"<query> Info: <kept words>"``: the words the Labeler kept
+    from the chunk that led here, before the Filter dropped any (it drops the bridge entity about half of the
+    time on MuSiQue dev); the retriever still searches with the Filter's output.
     ``pool_source``: ``continue`` (the paper) builds the pool from <Continue> chunks (then the
     ``min_candidates`` top-up); ``seen`` ranks every chunk the Labeler read, <Continue> or not,
     in ``pool_order`` as one list, so ``max_candidates`` keeps the best-scored chunks whatever
@@ -199,6 +210,8 @@ class EfficientRAGConfig:
     stop_at_pool: int | None = None
     prune_last_hop: bool = False
     labeler_top: int | None = None
+    rescore_top: int = 0
+    rank_query: str = "query"
 
     def __post_init__(self) -> None:
         for f in fields(self):  # type, range, allowed values: RULES

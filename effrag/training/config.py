@@ -32,6 +32,9 @@ class ModelConfig:
     tag_weight: float = 1.0
     token_class_weights: list[float] = field(default_factory=lambda: [1.0, 1.0])
     gradient_checkpointing: bool = False
+    # encoder parameters (name prefixes, e.g. embeddings.word_embeddings) kept as the base encoder has them: a
+    # shipped int8 copy then stores them by reference to the installed base (effrag.models.compact)
+    freeze: list[str] = field(default_factory=list)
     extra_options: dict = field(default_factory=dict)  # model-specific options of other tasks (e.g. IRRR)
 
 

@@ -82,6 +82,18 @@ def make_accelerator(cfg: Config):
 
 
 def build_model(task: Task, cfg: Config):
+    model = _build_model(task, cfg)
+    frozen = [n for n, p in model.encoder.named_parameters() if any(n.startswith(f) for f in cfg.model.freeze)]
+    unmatched = [f for f in cfg.model.freeze if not any(n.startswith(f) for n in frozen)]
+    if unmatched:
+        raise ConfigError(f"model.freeze: {unmatched} name no parameter of the encoder")
+    for n, p in model.encoder.named_parameters():
+        if n in frozen:
+            p.requires_grad_(False)
+    return model
+
+
+def _build_model(task: Task, cfg: Config):
     mc = cfg.model
     options = {"max_length": mc.max_length, "head_dropout": mc.head_dropout, "token_weight": mc.token_weight,
                "tag_weight": mc.tag_weight, "token_class_weights": mc.token_class_weights, **mc.extra_options}

@@ -117,7 +117,8 @@ def forwards(hops: Sequence[dict]) -> list[int]:
     """``[Labeler pairs, ranker pairs, Filter inputs]`` an EfficientRAG loop read for one question (its per-hop
     trace: a result's ``trace``, or ``trace["hops"]`` of a predictions row): its reading cost."""
     chunks = [c for e in hops for c in e["chunks"]]
-    return [sum(c.get("p_continue") is not None for c in chunks), sum("rank_score" in c for c in chunks),
+    return [sum(c.get("p_continue") is not None for c in chunks),
+            sum("rank_score" in c for c in chunks) + sum(len(e.get("rescored", [])) for e in hops),
             sum(len(e.get("filter_inputs", [])) for e in hops)]
 
 

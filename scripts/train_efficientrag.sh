@@ -36,11 +36,12 @@ RETRIEVER=${RETRIEVER:-hybrid}
 FOLDS=${FOLDS:-5}
 NEG=${NEG_PER_QUERY:-3}
 CTX=${CONTEXT_NEG:-0}
-# The loop: hop 0 reads the retriever's top FIRST_HOP_K with the ranker, the Labeler reads the best labeler_top of
-# each hop (its kept words make the next query), later hops read hop_k more per query; the pool is every chunk
-# read, ordered by the ranker's logit minus retrieval_weight x log(1 + retrieval rank) minus requery_weight x
-# log(1 + best rank under a later query). The weights act after the loop: the tuner ranks one run under all of them.
-TUNE_GRID=${TUNE_GRID:-"first_hop_k=20,30 hop_k=5,10 max_hops=2,3 labeler_top=2,4 tag_threshold=0.5 token_threshold=0.3 query_chunks=1 filter_threshold=0.2 pool_source=seen pool_order=rank retrieval_weight=0,0.5,1,2 requery_weight=0,0.5,1"}
+# The loop: hop 0 reads the retriever's top first_hop_k with the ranker, the Labeler reads the best labeler_top of
+# each hop (its kept words make the next query), later hops read hop_k new chunks per query and re-read the earlier
+# ones among their top rescore_top; the pool is every chunk read, ordered by the ranker's best logit minus
+# retrieval_weight x log(1 + retrieval rank) minus requery_weight x log(1 + best rank under a later query). The
+# weights act after the loop: the tuner ranks one run under all of them.
+TUNE_GRID=${TUNE_GRID:-"first_hop_k=20,30 hop_k=10 max_hops=2,3 labeler_top=2 tag_threshold=0.5 token_threshold=0.1 query_chunks=1,2 filter_threshold=0.2 pool_source=seen pool_order=rank rescore_top=20 rank_query=query,info retrieval_weight=1,2,3 requery_weight=1,1.5,2"}
 case "$ds" in
   all) inputs=("$DATA/hotpotqa/train.jsonl" "$DATA/2wikimqa/train.jsonl" "$DATA/musique/train.jsonl") ;;
   hotpotqa|2wikimqa|musique) inputs=("$DATA/$ds/train.jsonl") ;;
@@ -71,7 +72,7 @@ tunes=()
 for d in hotpotqa 2wikimqa musique; do  # every dev question's result is kept: the report cross-fits them
   # shellcheck disable=SC2086
   "$BIN/python" scripts/tune_efficientrag.py --labeler "$ck/labeler" --filter "$ck/filter" --ranker "$ck/ranker" \
-    --questions "$DATA/$d/dev.jsonl" --corpus-from "$DATA/$d/train.jsonl" --retriever "$RETRIEVER" --bf16 --n 0 \
+    --questions "$DATA/$d/dev.jsonl" --corpus-from "$DATA/$d/train.jsonl" --retriever "$RETRIEVER" --bf16 --er-bf16 --n 0 \
     --grid $TUNE_GRID --output "runs/tune/$name-$d" > /dev/null  # table: runs/tune/*/table.md
   tunes+=("$d=runs/tune/$name-$d")
 done

@@ -65,27 +65,9 @@ def tiny_efficientrag_dirs(tmp_path_factory):
     Randomly initialised with widened heads, so that p(<Continue>) and word keep probabilities spread
     over (0, 1) and every threshold in a grid changes what the loop does.
     """
-    import torch
-    from transformers import AutoModel, BertConfig
+    from helpers import make_tiny_efficientrag
 
-    from effrag.models import FilterModel, LabelerModel, RankerModel
-    from effrag.models.heads import load_tokenizer, resolve_encoder
-
-    torch.manual_seed(0)
-    tok = load_tokenizer(resolve_encoder("minilm"))
-    root = tmp_path_factory.mktemp("tiny_efficientrag")
-    dirs = {}
-    for name, cls in (("labeler", LabelerModel), ("filter", FilterModel), ("ranker", RankerModel)):
-        cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=512)
-        model = cls(AutoModel.from_config(cfg), tok, {"max_length": 256})
-        with torch.no_grad():
-            for head in ("token_head", "chunk_head", "score_head"):
-                if hasattr(model, head):
-                    getattr(model, head).proj.weight.mul_(40.0)
-        model.save_pretrained(root / name)
-        dirs[name] = root / name
-    return dirs
+    return make_tiny_efficientrag(tmp_path_factory.mktemp("tiny_efficientrag"))
 
 
 @pytest.fixture(scope="module")

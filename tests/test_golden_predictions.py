@@ -1,0 +1,106 @@
+"""Behaviour is unchanged by refactoring: Direct-R and EfficientRAG (tiny seeded models, tests/helpers.py) give the
+same predictions on bundled questions as they gave when ``tests/golden/predictions.json`` was written.
+
+The file was generated once from the code before the package was re-laid out (issue #42), by
+``python tests/test_golden_predictions.py`` (writes the file); it is committed, and this test compares against it.
+Run through ``effrag eval`` (RunSetup, the registered pipelines, the runner's rows) and through the public API
+(``EfficientRAG.from_pretrained``), with BM25 and dense retrieval, the plain Labeler/Filter and a system folder
+(ranker, ``pool_order: rank``). Timings are dropped and floats rounded to 6 digits; everything else is compared.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+GOLDEN = Path(__file__).parent / "golden" / "predictions.json"
+TIMES = {"latency_s", "timing", "method_latency_s"}
+QUESTIONS = [("hotpotqa", 4), ("2wikimqa", 3)]
+
+
+def _stable(value):
+    """The part of a row that must not change: no timings, floats to 6 digits."""
+    if isinstance(value, float):
+        return round(value, 6)
+    if isinstance(value, dict):
+        return {k: _stable(v) for k, v in value.items() if k not in TIMES}
+    if isinstance(value, list):
+        return [_stable(v) for v in value]
+    return value
+
+
+def _chunks(result) -> list[dict]:
+    """What the public API hands out: the ranked chunks, every field."""
+    return [_stable(c.to_json()) for c in result]
+
+
+def _system(dirs: dict, root: Path) -> Path:
+    for name in ("labeler", "filter", "ranker"):
+        shutil.copytree(dirs[name], root / name)
+    config = {"first_hop_k": 6, "hop_k": 3, "max_hops": 3, "tag_threshold": 0.0002, "pool_source": "seen",
+              "pool_order": "rank", "labeler_top": 2, "rescore_top": 3, "max_candidates": 5}
+    (root / "loop.json").write_text(json.dumps({"config": config, "retriever": "bm25"}))
+    return root
+
+
+def predictions(dirs: dict, tmp: Path) -> dict[str, list]:
+    """Every run's rows, keyed by run name."""
+    import torch
+
+    from effrag import EfficientRAG
+    from effrag.cli import main
+    from effrag.data import Corpus, load_questions, sample_path
+
+    torch.set_num_threads(1)
+    system = _system(dirs, tmp / "system")
+    runs = {"direct-r-bm25": ["--method", "direct-r", "--retriever", "bm25", "--k", "10"],
+            "direct-r-dense": ["--method", "direct-r", "--retriever", "dense", "--k", "5", "--k", "10"],
+            "efficientrag-bm25": ["--method", "efficientrag", "--labeler", str(dirs["labeler"]),
+                                  "--filter", str(dirs["filter"]), "--retriever", "bm25",
+                                  "--tag-threshold", "0.0002", "--max-hops", "3", "--hop-k", "4"],
+            "efficientrag-dense-system": ["--method", "efficientrag", "--model", str(system), "--retriever", "dense"]}
+    out: dict[str, list] = {}
+    for dataset, limit in QUESTIONS:
+        dev = str(sample_path(dataset, "dev"))
+        for name, args in runs.items():
+            folder = tmp / f"{dataset}-{name}"
+            code = main(["eval", *args, "--questions", dev, "--limit", str(limit), "--corpus-from", dev,
+                         "--cache-dir", str(tmp / "cache"), "--output", str(folder)])
+            assert code == 0, name
+            out[f"{dataset}/{name}"] = [_stable(json.loads(line))
+                                        for line in (folder / "predictions.jsonl").read_text().splitlines()]
+        questions = load_questions(dev)[:limit]
+        corpus = Corpus.from_questions(load_questions(dev))
+        api = EfficientRAG.from_pretrained(str(dirs["labeler"]), str(dirs["filter"]), retriever="bm25", corpus=corpus,
+                                          tag_threshold=0.0002, max_hops=3, hop_k=4)
+        out[f"{dataset}/api-pair"] = [_chunks(r) for r in api.retrieve_batch([q.question for q in questions])]
+        rag = EfficientRAG.from_pretrained(system, corpus=corpus)
+        out[f"{dataset}/api-system"] = [_chunks(rag.retrieve(q.question)) for q in questions]
+    return out
+
+
+@pytest.mark.slow
+def test_direct_r_and_efficientrag_predict_what_they_predicted_before_the_relayout(tiny_efficientrag_dirs, tmp_path):
+    golden = json.loads(GOLDEN.read_text())
+    now = predictions(tiny_efficientrag_dirs, tmp_path)
+    assert sorted(now) == sorted(golden)
+    for name in golden:
+        assert len(now[name]) == len(golden[name]), name
+        for i, (row, want) in enumerate(zip(now[name], golden[name])):
+            assert row == want, f"{name} row {i} ({want.get('qid')}) differs"
+
+
+if __name__ == "__main__":  # writes the golden file (once, from the code the refactor must not change)
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from helpers import make_tiny_efficientrag
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = predictions(make_tiny_efficientrag(Path(tmp) / "models"), Path(tmp))
+    GOLDEN.parent.mkdir(exist_ok=True)
+    GOLDEN.write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {GOLDEN}: {sum(map(len, rows.values()))} rows in {len(rows)} runs")

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from effrag.experiment import output_dir, positive_int
+from effrag.cli_args import output_dir, positive_int
 
 
 def add_synthesize_parser(subparsers) -> argparse.ArgumentParser:
@@ -106,7 +106,7 @@ def add_irrr_data_parser(subparsers) -> argparse.ArgumentParser:
 def run_irrr_data(args) -> dict:
     """Handler of ``effrag irrr-data``; ValueError / FileNotFoundError are user errors."""
     from effrag.data import load_questions
-    from effrag.experiment import open_corpus, open_retriever
+    from effrag.setup import RunSetup, check_same_run
 
     from .irrr_steps import build_irrr_data
 
@@ -118,15 +118,21 @@ def run_irrr_data(args) -> dict:
     if args.candidates < 1:
         raise ValueError(f"--candidates must be positive, got {args.candidates}")
     questions = [q for f in args.inputs for q in load_questions(f, limit=args.limit)]
-    corpus = open_corpus(corpus_from=args.corpus_from or args.inputs)
-    bm25 = open_retriever("bm25", corpus, cache=False, bm25_article=args.article_bm25, show_progress=not args.quiet)
-    stats = build_irrr_data(questions, corpus, bm25, args.output, candidates=args.candidates,
-                            augment_p=args.augment_p, seed=args.seed, progress=not args.quiet)
+    setup = RunSetup.build(corpus_from=args.corpus_from or args.inputs, retriever="bm25", cache=False,
+                           bm25_article=args.article_bm25, retriever_options={"show_progress": not args.quiet})
     out = Path(args.output)
-    (out / "build_config.json").write_text(json.dumps(
-        {"inputs": args.inputs, "corpus_from": args.corpus_from or args.inputs, "candidates": args.candidates,
-         "augment_p": args.augment_p, "limit": args.limit, "seed": args.seed,
-         "corpus_fingerprint": corpus.fingerprint(), "bm25": bm25.opts}, indent=2) + "\n")
+    # the files' own keys as they were always written, then the run identity (older files lack it: still resume)
+    config = {"inputs": args.inputs, "corpus_from": args.corpus_from or args.inputs, "candidates": args.candidates,
+              "augment_p": args.augment_p, "limit": args.limit, "seed": args.seed,
+              "corpus_fingerprint": setup.corpus.fingerprint(), "bm25": setup.retriever.opts}
+    config = {**setup.identity(), **config}
+    recorded = out / "build_config.json"
+    check_same_run(json.loads(recorded.read_text()) if recorded.is_file() else None, config, out,
+                   what="IRRR training steps", may_change=["limit"],
+                   hint="use a new --output directory or the same settings")
+    stats = build_irrr_data(questions, setup.corpus, setup.retriever, out, candidates=args.candidates,
+                            augment_p=args.augment_p, seed=args.seed, progress=not args.quiet)
+    recorded.write_text(json.dumps(config, indent=2) + "\n")
     if not args.quiet:
         print(json.dumps(stats, indent=2))
     return stats
@@ -151,6 +157,7 @@ def add_filter_data_parser(subparsers) -> argparse.ArgumentParser:
 def run_filter_data(args) -> dict:
     """Handler of ``effrag filter-data``; a finished output with the same settings is reused."""
     from effrag.models import load_model
+    from effrag.setup import same_run
 
     from .filter_exposure import write_exposed_filter_data
 
@@ -163,7 +170,7 @@ def run_filter_data(args) -> dict:
     settings = {"synth": str(args.synth), "labeler": str(args.labeler), "token_threshold": args.token_threshold}
     if done.is_file() and (Path(args.output) / "filter.jsonl").is_file():
         info = json.loads(done.read_text())
-        if {k: info.get(k) for k in settings} == settings:
+        if same_run({k: info.get(k) for k in settings}, settings):
             if not args.quiet:
                 print(f"{args.output}: done ({info['exposed_records']} new records), reused")
             return info
@@ -205,6 +212,8 @@ def add_ranker_data_parser(subparsers) -> argparse.ArgumentParser:
 
 def run_ranker_data(args) -> dict:
     """Handler of ``effrag ranker-data``; a finished output with the same settings is reused."""
+    from effrag.setup import same_run
+
     from .ranker_groups import write_ranker_data
 
     options = {"depth": args.depth, "negatives": args.negatives, "groups_per_positive": args.groups_per_positive,
@@ -215,7 +224,7 @@ def run_ranker_data(args) -> dict:
                 **options}
     if done.is_file() and (Path(args.output) / "ranker.jsonl").is_file():
         info = json.loads(done.read_text())
-        if {k: info.get(k) for k in settings} == settings:
+        if same_run({k: info.get(k) for k in settings}, settings):
             if not args.quiet:
                 print(f"{args.output}: done ({info['groups']} groups), reused")
             return info

@@ -51,13 +51,13 @@ def load_inputs(inputs: Sequence[str | Path], limit: int | None = None) -> tuple
 
 def make_retriever(kind: str, corpus_paths: Sequence[str | Path], *, cache_dir: str | Path | None = None,
                    encoder_path: str | None = None, bf16: bool = False, show_progress: bool = True):
-    """The foundation retriever over the contexts of ``corpus_paths`` (dense indexes cached)."""
-    from effrag.data import build_corpus
-    from effrag.experiment import open_retriever
+    """The foundation retriever over the contexts of ``corpus_paths`` (dense indexes cached when ``cache_dir`` is
+    given), through the run-setup layer; a malformed record is a reject, not a stop."""
+    from effrag.setup import RunSetup
 
-    corpus = build_corpus(list(corpus_paths), skip_malformed=True)  # a malformed record is a reject, not a stop
-    return open_retriever(kind, corpus, cache=kind != "bm25" and cache_dir is not None, cache_dir=cache_dir,
-                          encoder=encoder_path, bf16=bf16, show_progress=show_progress)
+    return RunSetup.build(corpus_from=list(corpus_paths), retriever=kind, skip_malformed=True,
+                          cache=kind != "bm25" and cache_dir is not None, cache_dir=cache_dir, encoder=encoder_path,
+                          bf16=bf16, retriever_options={"show_progress": show_progress}).retriever
 
 
 def _reject(q: Question, stage: str, reason: str, detail: str = "") -> dict:
@@ -96,14 +96,15 @@ def _records_for(q: Question, source: str, llm) -> dict[str, Any]:
 
 
 def _check_config(out: Path, config: dict[str, Any]) -> None:
-    """Refuse to resume into a directory made with different settings; log this run."""
+    """Refuse to resume into a directory made with different settings (:func:`effrag.setup.check_same_run`); log
+    this run. More inputs, another limit or LLM may join a run (their records are added)."""
+    from effrag.setup import check_same_run
+
     path = out / "config.json"
     runs = json.loads(path.read_text(encoding="utf-8"))["runs"] if path.exists() else []
-    if runs:
-        diff = [k for k in _RESUME_KEYS if runs[0].get(k) != config.get(k)]
-        if diff:
-            raise ValueError(f"{out} holds output made with other settings ({', '.join(f'{k}={runs[0].get(k)!r}' for k in diff)}); "
-                             "use a new --output directory or the same settings")
+    compared = lambda run: {k: run.get(k) for k in _RESUME_KEYS}  # noqa: E731
+    check_same_run(compared(runs[0]) if runs else None, compared(config), out, what="synthesis output",
+                   hint="it was made with other settings: use a new --output directory or the same settings")
     runs.append(config)
     path.write_text(json.dumps({"runs": runs}, indent=2) + "\n", encoding="utf-8")
 

@@ -128,7 +128,7 @@ def write_ranker_data(synth_dir: str | Path, inputs: Sequence[str | Path], outpu
     The corpus is pooled from ``inputs`` (the files the Labeler records were synthesised from), searched by a
     ``retriever`` of that kind (cached as every run's index is).
     """
-    from effrag.experiment import RunSetup
+    from effrag.setup import RunSetup
     from effrag.jsonl import numbered_jsonl
 
     labeler = Path(synth_dir) / "labeler.jsonl"

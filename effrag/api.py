@@ -89,7 +89,7 @@ class EfficientRAG:
         ``"dense"``, ``"hybrid"``) to build over ``corpus``; left out, the kind the loop config was tuned for is
         built over ``corpus``. ``options`` are :class:`EfficientRAGConfig` fields (``tag_threshold=``, ...).
         """
-        from effrag.experiment import RETRIEVER_KINDS, open_corpus, open_retriever
+        from effrag.setup import RETRIEVER_KINDS, open_corpus, open_retriever
         from effrag.pipelines.efficientrag_system import config_retriever, open_system
 
         if filter_dir is None:

@@ -37,8 +37,8 @@ SUBCOMMANDS: list[str] = [
 EXIT_USAGE = 2
 
 
-from effrag.experiment import (add_corpus_args, add_questions_args, add_retriever_args,  # noqa: E402
-                               output_dir, positive_int)
+from effrag.cli_args import (add_corpus_args, add_questions_args, add_retriever_args, output_dir,  # noqa: E402
+                             positive_int)
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -176,7 +176,7 @@ def _scale_options(args) -> dict:
 
 
 def _cmd_index_encode(args) -> None:
-    from effrag.experiment import open_corpus
+    from effrag.setup import open_corpus
     from effrag.retrieval import Encoder, encode_shards, init_distributed
 
     rank, world = init_distributed()
@@ -192,7 +192,7 @@ def _cmd_index_encode(args) -> None:
 def _cmd_index_build(args) -> None:
     import shutil
 
-    from effrag.experiment import open_corpus, open_retriever
+    from effrag.setup import open_corpus, open_retriever
     from effrag.retrieval.meta import META, remove_index
 
     if args.backend == "milvus" and args.retriever != "dense":
@@ -250,7 +250,8 @@ def _cmd_eval(args) -> None:
 
     from effrag.data.aliases import apply_aliases
     from effrag.evaluation import evaluate, markdown_table
-    from effrag.experiment import RunSetup, method_options
+    from effrag.cli_args import method_options
+    from effrag.setup import RunSetup
     from effrag.pipelines import build_pipeline, get_pipeline_class, llm_options, reader_options
     from effrag.pretrained import resolve_model
     from effrag.tuning import model_fingerprint
@@ -331,7 +332,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         getattr(mod, func)(sub)
     argv = argv or []
     if argv[:1] == ["eval"] and "eval" in sub.choices:
-        from effrag.experiment import add_method_args
+        from effrag.cli_args import add_method_args
 
         add_method_args(sub.choices["eval"], _peek(argv, "--method") or "direct-r")
     return parser

@@ -100,8 +100,8 @@ def run_quickstart(workdir: str | Path = "runs/quickstart", retriever: str | Non
     chunks (``method`` ``efficientrag``, ``k`` = the cut, ``forwards`` = what the loop read per question), per
     dataset; ``<workdir>/summary.json`` holds the table.
     """
-    from effrag.data import Corpus, sample_path
-    from effrag.experiment import open_corpus
+    from effrag.data import sample_path
+    from effrag.setup import RunSetup
 
     wd = Path(workdir)
     if fresh and wd.exists():
@@ -113,15 +113,15 @@ def run_quickstart(workdir: str | Path = "runs/quickstart", retriever: str | Non
     corpus_path = wd / "corpus.jsonl"
 
     def corpus_stage():
-        corpus = open_corpus(corpus_from=train_files + dev_files)
+        corpus = RunSetup.build(corpus_from=train_files + dev_files, retriever=None).corpus
         corpus.save(corpus_path)
         return {"passages": len(corpus)}
 
     stages.run("corpus", {"files": train_files + dev_files}, corpus_stage)
-    corpus = Corpus.from_jsonl(corpus_path)
-    searchers = {kind: _retriever(kind, corpus, wd / "index") for kind in KINDS}
+    pooled = RunSetup.build(corpus=corpus_path, retriever=None)  # the corpus; its three retrievers, cached
+    setups = {kind: pooled.over(kind, cache_dir=wd / "index", bf16=kind != "bm25") for kind in KINDS}
     if small:
-        system = _train_small(stages, wd, corpus, train_files, dev_files, epochs, max_train_examples)
+        system = _train_small(stages, wd, pooled.corpus, train_files, dev_files, epochs, max_train_examples)
     else:
         system = None
     identity = _system_identity(system)
@@ -129,14 +129,14 @@ def run_quickstart(workdir: str | Path = "runs/quickstart", retriever: str | Non
     for ds, dev in zip(datasets, dev_files):
         files = _system_files(system, ds)
         kind = retriever or files["retriever"] or "hybrid"
-        settings = {"dev": dev, "retriever": kind, "limit": limit, "llm": llm, "models": identity,
-                    "loop": files["config_text"], "corpus": corpus.fingerprint(), "curve": CURVE_MAX,
-                    "direct": DIRECT_K_MAX}
+        setup = setups[kind].ask(dev, limit=limit)
+        settings = {**setup.identity(), "limit": limit, "llm": llm, "models": identity, "loop": files["config_text"],
+                    "curve": CURVE_MAX, "direct": DIRECT_K_MAX}
         # one folder per settings: a killed evaluation resumes, a changed one never reuses old predictions
         out = wd / "eval" / f"{ds}-{hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]}"
         rows += stages.run(f"eval-{ds}", settings,
-                           lambda ds=ds, dev=dev, files=files, kind=kind, out=out: _evaluate(
-                               ds, dev, corpus, searchers, kind, files, out, limit, llm))
+                           lambda ds=ds, setup=setup, files=files, out=out: _evaluate(
+                               ds, setup, setups, files, out, llm))
     summary = summarize(rows)
     _report(rows, summary, wd, stages.console, "--small smoke models" if small else "shipped system efficientrag-all")
     return rows
@@ -164,12 +164,6 @@ def _system_identity(system: dict | None) -> dict[str, str]:
         paths = {k: system[k] for k in ("labeler", "filter", "ranker")}
     return {k: hashlib.sha1((Path(p) / "effrag_config.json").read_bytes()).hexdigest()
             for k, p in paths.items() if p is not None}
-
-
-def _retriever(kind: str, corpus, cache_root: Path):
-    from effrag.experiment import open_retriever
-
-    return open_retriever(kind, corpus, cache_dir=cache_root, bf16=kind != "bm25")
 
 
 def _train_small(stages, wd: Path, corpus, train_files, dev_files, epochs, max_train_examples) -> dict:
@@ -221,17 +215,16 @@ def _train(task: str, data: Path, out: Path, epochs: float, max_examples: int | 
     return {k: v for k, v in results.items() if isinstance(v, (int, float, str, dict))}
 
 
-def _evaluate(ds: str, dev: str, corpus, searchers: dict, kind: str, files: dict, out: Path, limit: int | None,
-              llm: str | None) -> list[dict]:
-    """Direct-R with each retriever at k = 1..30, EfficientRAG's pool (capped at 10) cut at 1..10 chunks."""
+def _evaluate(ds: str, setup, setups: dict, files: dict, out: Path, llm: str | None) -> list[dict]:
+    """Direct-R with each retriever at k = 1..30, EfficientRAG's pool (capped at 10) cut at 1..10 chunks, on
+    ``setup``'s questions (over EfficientRAG's retriever; ``setups`` holds the same corpus under each retriever)."""
     from effrag.evaluation import evaluate
-    from effrag.experiment import RunSetup
     from effrag.pipelines import build_pipeline
 
     # per-batch "inputs truncated at max_length" notes would drown the progress bars (the figures count them in)
     logging.getLogger("effrag.models").setLevel(logging.ERROR)
-    setup = RunSetup.build(dev, limit=limit, corpus=corpus, retriever=searchers[kind])
-    questions, gold = setup.questions, setup.gold
+    questions, gold, kind = setup.questions, setup.gold, setup.kind
+    searchers = {name: s.retriever for name, s in setups.items()}
     generator = None
     if llm:
         from effrag.pipelines.generation import Generator

@@ -23,7 +23,7 @@ BATCH = 16  # questions per pipeline call
 
 
 def add_retrieve_parser(sub) -> None:
-    from effrag.experiment import positive_int
+    from effrag.cli_args import positive_int
     from effrag.pipelines.efficientrag_system import DEFAULT_SYSTEM
 
     p = sub.add_parser("retrieve", help="ranked chunks (and an answer) for questions over a saved index")
@@ -115,7 +115,7 @@ def _text(row: dict[str, Any]) -> str:
 
 
 def _cmd_retrieve(args) -> None:
-    from effrag.experiment import open_index
+    from effrag.setup import open_index
     from effrag.pipelines import build_pipeline, get_pipeline_class
 
     questions = read_questions(args)  # before any model or index loads: a bad file fails at once

@@ -31,7 +31,8 @@ def setup(args):
     """(run setup, EfficientRAG pipeline) from the options of ``effrag.experiment.add_run_args`` + the method's."""
     import logging
 
-    from effrag.experiment import RunSetup, method_options
+    from effrag.cli_args import method_options
+    from effrag.setup import RunSetup
     from effrag.pipelines import build_pipeline
 
     # predict() warns about truncated chunks on every call; in a loop over hundreds of hops that is noise
@@ -81,7 +82,7 @@ def mean(xs) -> float:
 
 
 def main(argv=None) -> int:
-    from effrag.experiment import add_method_args, add_run_args
+    from effrag.cli_args import add_method_args, add_run_args
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_args(p, sample=True, retriever_default="dense")

@@ -78,7 +78,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     from effrag.evaluation import evaluate
-    from effrag.experiment import RunSetup, dataset_file
+    from effrag.setup import RunSetup, dataset_file
     from effrag.models.irrr import IRRRReader
     from effrag.models import IRRRModel
     from effrag.pipelines import build_pipeline

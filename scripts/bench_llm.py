@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     import torch
 
     from effrag.evaluation.metrics import exact_match, f1
-    from effrag.experiment import RunSetup
+    from effrag.setup import RunSetup
     from effrag.hardware import usable_cores
     from effrag.llm import default_gguf_path
     from effrag.pipelines.generation import Generator

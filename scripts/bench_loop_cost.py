@@ -184,7 +184,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from effrag.experiment import RunSetup
+    from effrag.setup import RunSetup
     from effrag.pipelines.efficientrag import build_config, load_models
     from effrag.provenance import provenance
 

@@ -184,19 +184,20 @@ def main(argv=None) -> int:
     if args.report_only:
         return report_only(args)
     from effrag.evaluation import evaluate
-    from effrag.experiment import RunSetup, open_corpus, open_retriever
+    from effrag.setup import RunSetup
     from effrag.llm import load_llm
 
     method_opts = json.loads(args.method_opts)
     files = [Path(f) for f in args.questions]
     check_loop_configs(args, files)
-    corpus = open_corpus(corpus_from=[*files, *map(Path, args.corpus_from)])  # one corpus for every file
-    retriever = open_retriever(args.retriever, corpus)  # cached index: a resumed run does not re-encode
+    # one corpus for every file; a cached index: a resumed run does not re-encode
+    pooled = RunSetup.build(corpus_from=[*files, *map(Path, args.corpus_from)], retriever=args.retriever)
+    retriever = pooled.retriever
     llm = load_llm(args.llm)
     args.output.mkdir(parents=True, exist_ok=True)
     table, notes = [], []
     for f in files:
-        setup = RunSetup.build(f, limit=args.limit, corpus=corpus, retriever=retriever)
+        setup = pooled.ask(f, limit=args.limit)
         questions, gold, dataset = setup.questions, setup.gold, setup.dataset
         for name in args.methods:
             if name == "efficientrag" and not (args.labeler and args.filter):
@@ -211,9 +212,9 @@ def main(argv=None) -> int:
                 notes.append(f"searchain skipped: {e}")
                 continue
             out = args.output / dataset / name
-            config = {"method": name, "dataset": dataset, "questions": str(f.resolve()), "limit": args.limit,
-                      "llm": args.llm, "retriever": args.retriever, "corpus_fingerprint": corpus.fingerprint(),
-                      "k": args.k, "method_options": extra}
+            config = {**setup.identity(), "method": name, "dataset": dataset, "questions": str(f.resolve()),
+                      "limit": args.limit, "llm": args.llm, "retriever": args.retriever, "k": args.k,
+                      "method_options": extra}
             t0 = time.perf_counter()
             entry = evaluate(CPUTimed(pipeline), questions, gold, out, config, ks=None, seed=args.seed,
                              batch_size=args.batch_size)[0]

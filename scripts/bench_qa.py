@@ -107,7 +107,7 @@ def main(argv=None) -> int:
 
     from effrag.evaluation import evaluate
     from effrag.evaluation.report import md_table
-    from effrag.experiment import RunSetup, dataset_file
+    from effrag.setup import RunSetup, dataset_file
     from effrag.hardware import usable_cores
     from effrag.models import load_reader
     from effrag.pipelines import build_pipeline

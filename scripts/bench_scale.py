@@ -53,13 +53,14 @@ def rss_peak_mb() -> float:
 def prepare_pooled(args, work: Path) -> None:
     """base.npy (pooled corpus embeddings) and queries.npy (dev questions), from the cached flat index."""
     from effrag.data import load_questions
-    from effrag.experiment import open_corpus, open_retriever
+    from effrag.setup import RunSetup
 
     if (work / "base.npy").is_file() and (work / "queries.npy").is_file():
         return
-    corpus = open_corpus(corpus_from=pooled_files(args.data_dir))
     t0 = time.perf_counter()
-    flat = open_retriever("dense", corpus, bf16=True, index_type="flat", gpu=False)
+    pooled = RunSetup.build(corpus_from=pooled_files(args.data_dir), retriever="dense", bf16=True, index_type="flat",
+                            retriever_options={"gpu": False})
+    corpus, flat = pooled.corpus, pooled.retriever
     print(f"pooled corpus {len(corpus)} passages, flat index ready in {time.perf_counter() - t0:.0f} s", flush=True)
     np.save(work / "base.npy", flat._cpu_index.reconstruct_n(0, flat._cpu_index.ntotal))
     qs = [q.question for d in DATASETS for q in load_questions(Path(args.data_dir) / d / "dev.jsonl")[:300]]
@@ -212,21 +213,20 @@ def part_synthetic(args, out: Path, work: Path) -> None:
 
 def build_backend_dirs(args, work: Path, backends: list[str]) -> dict[str, Path]:
     """Saved index folders over the pooled corpus, one per backend, filled from base.npy (no re-encoding)."""
-    from effrag.experiment import open_corpus
-    from effrag.retrieval import DenseRetriever, Encoder, build_retriever
+    from effrag.setup import RunSetup
 
-    corpus = open_corpus(corpus_from=pooled_files(args.data_dir))
-    encoder, emb = Encoder(bf16=True), np.load(work / "base.npy", mmap_mode="r")
+    pooled = RunSetup.build(corpus_from=pooled_files(args.data_dir), retriever=None)  # the corpus; indexes below
+    emb = np.load(work / "base.npy", mmap_mode="r")
     dirs = {}
     for b in backends:
         d = work / f"idx-{b}"
         if not (d / "index_meta.json").is_file():
             if b == "milvus":
-                r = build_retriever("milvus", corpus, encoder=encoder, uri=str(d / "milvus.db"), embeddings=emb,
-                                    show_progress=False)
+                r = pooled.over("milvus", cache=False, bf16=True, uri=str(d / "milvus.db"), embeddings=emb,
+                                show_progress=False).retriever
             else:
-                r = DenseRetriever(corpus, encoder, b, embeddings=emb, nprobe=args.nprobe, ef_search=args.ef_search,
-                                   gpu=False, show_progress=False)
+                r = pooled.over("dense", cache=False, bf16=True, index_type=b, embeddings=emb, nprobe=args.nprobe,
+                                ef_search=args.ef_search, gpu=False, show_progress=False).retriever
             r.save(d)
             if b == "milvus":
                 r.close()  # Milvus Lite serves one process: let `effrag eval` open it

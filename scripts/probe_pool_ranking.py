@@ -98,7 +98,7 @@ def ranked(result, scores) -> list[str]:
 
 
 def main(argv=None) -> int:
-    from effrag.experiment import add_method_args, add_run_args
+    from effrag.cli_args import add_method_args, add_run_args
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_args(p, sample=True, retriever_default="dense")
@@ -112,7 +112,8 @@ def main(argv=None) -> int:
     import logging
 
     from effrag.evaluation.report import md_table
-    from effrag.experiment import RunSetup, method_options
+    from effrag.cli_args import method_options
+    from effrag.setup import RunSetup
     from effrag.pipelines import build_pipeline
     from effrag.provenance import write_report
     from effrag.tuning import CachedModel, CachedRetriever, direct_r_curve

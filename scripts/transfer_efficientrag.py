@@ -75,7 +75,7 @@ def main(argv=None) -> int:
 
     from effrag.data import load_questions
     from effrag.evaluation.metrics import recall
-    from effrag.experiment import RunSetup, dataset_file
+    from effrag.setup import RunSetup, dataset_file
     from effrag.jsonl import ResultLog
     from effrag.provenance import command_line
     from effrag.pipelines.efficientrag import EfficientRAGLoop, build_config, load_models

@@ -31,7 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def main(argv=None) -> int:
-    from effrag.experiment import add_method_args, add_run_args
+    from effrag.cli_args import add_method_args, add_run_args
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_args(p, sample=True, retriever_default="dense")
@@ -47,9 +47,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import logging
 
-    from effrag.experiment import RunSetup, method_options
+    from effrag.cli_args import method_options
+    from effrag.setup import RunSetup
     from effrag.pipelines import build_pipeline
-    from effrag.tuning import model_fingerprint, parse_grid, run_grid
+    from effrag.tuning import parse_grid, run_grid, tuning_setup
 
     try:
         grid = parse_grid(args.grid)
@@ -64,12 +65,7 @@ def main(argv=None) -> int:
         args.model = None
     run = RunSetup.from_args(args, own_contexts=True)
     loop = build_pipeline("efficientrag", run.retriever, **method_options(args)).loop
-    setup = {"questions": run.sources["questions"], "n": len(run.questions), "seed": args.seed,
-             "retriever": getattr(run.retriever, "kind", None), "corpus_fingerprint": run.corpus.fingerprint(),
-             "labeler": str(args.labeler), "filter": str(args.filter), "base_config": loop.config.to_json(),
-             "model_files": {"labeler": model_fingerprint(args.labeler), "filter": model_fingerprint(args.filter)}}
-    if args.ranker:  # only when given: tuning folders made without a ranker still resume
-        setup["ranker"], setup["model_files"]["ranker"] = str(args.ranker), model_fingerprint(args.ranker)
+    setup = tuning_setup(run, args.labeler, args.filter, args.ranker, loop.config, seed=args.seed)
     result = run_grid(loop, run.texts, run.gold, grid, args.output, setup, grid_spec=args.grid,
                       chunk_budget=args.chunk_budget, batch_size=args.batch_size, curve_max=args.curve_max,
                       ids=[q.id for q in run.questions])

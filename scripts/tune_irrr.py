@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     from effrag.data import load_questions
     from effrag.evaluation.metrics import f1, recall
-    from effrag.experiment import RunSetup, dataset_file
+    from effrag.setup import RunSetup, dataset_file
     from effrag.jsonl import ResultLog
     from effrag.models import IRRRModel
     from effrag.pipelines.irrr import IRRRConfig, IRRRRunner

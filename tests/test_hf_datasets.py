@@ -287,7 +287,7 @@ def test_predictions_load_with_datasets_typed_and_null_where_absent(tiny_efficie
 
 
 def test_run_setup_takes_a_dataset_object(sample_corpus):
-    from effrag.experiment import RunSetup
+    from effrag.setup import RunSetup
 
     original = RunSetup.build(sample_path("musique", "dev"), limit=5, corpus=sample_corpus, retriever="bm25",
                               cache=False)

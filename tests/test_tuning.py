@@ -107,7 +107,7 @@ def test_run_grid_writes_the_tuning_folder_and_resumes(tiny_efficientrag_dirs, t
     import torch
 
     from effrag.data import sample_path
-    from effrag.experiment import RunSetup
+    from effrag.setup import RunSetup
     from effrag.pipelines import build_pipeline
     from effrag.tuning import run_grid
 
@@ -150,6 +150,29 @@ def test_run_grid_writes_the_tuning_folder_and_resumes(tiny_efficientrag_dirs, t
     assert json.loads((out / "tune_config.json").read_text())["grids"] == [["a"], ["b"]]
 
 
+def test_tuning_setup_is_the_run_identity_and_folders_written_before_it_resume(tiny_efficientrag_dirs, tmp_path):
+    """``tuning_setup`` = the run identity + the grid's models; a row whose setup predates the identity (the keys
+    tuning folders always recorded) still matches, a changed model does not; the shipped form has no paths."""
+    from effrag.data import sample_path
+    from effrag.pipelines.efficientrag_config import EfficientRAGConfig
+    from effrag.setup import IDENTITY_KEYS, RunSetup, same_run
+    from effrag.tuning import tuning_setup
+    from effrag.tuning.loop_configs import portable_setup
+
+    dev = sample_path("hotpotqa", "dev")
+    run = RunSetup.build(dev, limit=3, corpus_from=[dev], retriever="bm25", cache=False)
+    d = tiny_efficientrag_dirs
+    setup = tuning_setup(run, d["labeler"], d["filter"], None, EfficientRAGConfig(), seed=0)
+    assert set(IDENTITY_KEYS) <= set(setup) and setup["corpus_fingerprint"] == run.identity()["corpus_fingerprint"]
+    older = {k: setup[k] for k in ("questions", "n", "seed", "retriever", "corpus_fingerprint", "labeler", "filter",
+                                   "base_config", "model_files")}
+    assert same_run(older, setup)
+    assert not same_run({**older, "model_files": {"labeler": "x", "filter": "y"}}, setup)
+    shipped = portable_setup(setup)
+    assert shipped["questions"] == "hotpotqa/dev.jsonl" and shipped["corpus_from"] == ["hotpotqa/dev.jsonl"]
+    assert shipped["labeler"] == "labeler" and not any(isinstance(v, str) and v.startswith("/") for v in shipped.values())
+
+
 def test_configs_that_differ_after_the_loop_share_one_run_and_score_as_alone(tiny_efficientrag_dirs, tmp_path):
     """Pool options (order, weights, caps) re-rank one loop run's states: the rows equal separate runs, and the
     loop's models read each input once for the whole grid."""
@@ -158,7 +181,7 @@ def test_configs_that_differ_after_the_loop_share_one_run_and_score_as_alone(tin
     import torch
 
     from effrag.data import sample_path
-    from effrag.experiment import RunSetup
+    from effrag.setup import RunSetup
     from effrag.pipelines import build_pipeline
     from effrag.tuning import loop_key, run_grid, score_results
 

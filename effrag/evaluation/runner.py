@@ -40,6 +40,9 @@ def set_seed(seed: int) -> None:
 
 
 def _check_resume(out: Path, config: dict) -> None:
+    """A folder's predictions resume only under the same run config (:func:`effrag.setup.check_same_run`)."""
+    from effrag.setup import check_same_run
+
     cfg_path = out / "config.json"
     if not cfg_path.is_file():
         return
@@ -48,11 +51,8 @@ def _check_resume(out: Path, config: dict) -> None:
     except (UnicodeDecodeError, ValueError, AttributeError) as e:
         raise ValueError(f"{cfg_path}: unreadable ({' '.join(str(e).split())}); delete the output folder's files "
                          "or use --overwrite") from None
-    keys = (set(old) | set(config)) - RESUMABLE_KEYS
-    diff = sorted(k for k in keys if old.get(k) != config.get(k))
-    if diff:
-        raise ValueError(f"{out} holds predictions of a different run (differs in: {', '.join(diff)}); "
-                         "use another output folder or --overwrite")
+    check_same_run(old, config, out, what="predictions", may_change=RESUMABLE_KEYS,
+                   hint="use another output folder or --overwrite")
 
 
 def aggregate(rows: list[dict], k: int | None, method: str, dataset: str, cut_at_k: bool) -> dict[str, Any]:

@@ -21,29 +21,26 @@ class Service:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def _build_retriever(r: RetrieverSection):
-    """(retriever, corpus) of the ``retriever:`` section, through the run-setup layer like every command."""
+def open_setup(r: RetrieverSection):
+    """The corpus and retriever of the ``retriever:`` section, through the run-setup layer like every command: a
+    saved index, a corpus file or folder, or the bundled samples' train + dev contexts."""
     from effrag.data import sample_path
-    from effrag.experiment import open_corpus, open_index, open_retriever
+    from effrag.setup import RunSetup
 
     if r.index:
-        ret = open_index(r.index, **r.options)
-        return ret, ret.corpus
-    if r.corpus:
-        corpus = open_corpus(r.corpus)
-    else:
-        files = []
-        for ds in r.sample:
-            for split in ("train", "dev"):
-                try:
-                    files.append(sample_path(ds, split))
-                except FileNotFoundError:
-                    if split == "dev":
-                        raise
-        corpus = open_corpus(corpus_from=files)
+        return RunSetup.build(index=r.index, retriever=None, retriever_options=r.options)
+    files = []
+    for ds in r.sample or ():
+        for split in ("train", "dev"):
+            try:
+                files.append(sample_path(ds, split))
+            except FileNotFoundError:
+                if split == "dev":
+                    raise
     # BM25 over a corpus is built in memory at start-up (faster than loading it); dense indexes are cached
-    return open_retriever(r.kind, corpus, cache_dir=r.cache_dir, cache=r.kind != "bm25",
-                          **({"show_progress": False} if r.kind == "bm25" else {}), **r.options), corpus
+    return RunSetup.build(corpus=r.corpus, corpus_from=files, retriever=r.kind, cache_dir=r.cache_dir,
+                          cache=r.kind != "bm25",
+                          retriever_options={**({"show_progress": False} if r.kind == "bm25" else {}), **r.options})
 
 
 @contextlib.contextmanager
@@ -66,7 +63,8 @@ def build_service(cfg: ServeConfig) -> Service:
     r = cfg.retriever
     what = f"retriever.index {r.index}" if r.index else f"retriever.corpus {r.corpus}" if r.corpus else "retriever"
     with _load_errors(cfg.path, what):
-        retriever, corpus = _build_retriever(r)
+        setup = open_setup(r)
+    retriever, corpus = setup.retriever, setup.corpus
     m = cfg.method
     if m.name in ("efficientrag", "efficient-rag"):
         from effrag.api import EfficientRAG

@@ -217,6 +217,20 @@ def direct_r_curve(retriever, questions: Sequence[str], gold: Sequence[Sequence[
 
 
 # ---------------------------------------------------------------------------- the grid run
+def tuning_setup(run, labeler: str | Path, filter: str | Path, ranker: str | Path | None,  # noqa: A002
+                 base_config: Any, seed: int = 0) -> dict[str, Any]:
+    """A tuning folder's ``setup``: the run identity (:meth:`effrag.setup.RunSetup.identity`) and what the grid
+    runs with (models and their weights' fingerprints, the base config). Rows resume under the same setup; the
+    keys tuning folders have always recorded keep their values, so folders written before the identity resume."""
+    setup = {"questions": run.sources["questions"], "n": len(run.questions), "seed": seed,
+             "retriever": getattr(run.retriever, "kind", None), "corpus_fingerprint": run.corpus.fingerprint(),
+             "labeler": str(labeler), "filter": str(filter), "base_config": base_config.to_json(),
+             "model_files": {"labeler": model_fingerprint(labeler), "filter": model_fingerprint(filter)}}
+    if ranker:  # only when given: tuning folders made without a ranker still resume
+        setup["ranker"], setup["model_files"]["ranker"] = str(ranker), model_fingerprint(ranker)
+    return {**run.identity(), **setup}
+
+
 def run_grid(loop, texts: Sequence[str], gold: Sequence[Sequence[str]], grid: Sequence[dict[str, Any]],
              output: str | Path, setup: dict[str, Any], *, grid_spec: Sequence[str] = (), chunk_budget: float | None = None,
              batch_size: int = 64, curve_max: int = 10, direct_k_max: int = 30,
@@ -238,6 +252,7 @@ def run_grid(loop, texts: Sequence[str], gold: Sequence[Sequence[str]], grid: Se
     from tqdm.auto import tqdm
 
     from ..jsonl import ResultLog
+    from ..setup import same_run
 
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
@@ -254,7 +269,7 @@ def run_grid(loop, texts: Sequence[str], gold: Sequence[Sequence[str]], grid: Se
     cfg_path.write_text(json.dumps({**setup, "grids": grids}, indent=2))
     config_key = lambda row: json.dumps(row["config"], sort_keys=True)  # noqa: E731
     try:
-        with ResultLog(out / "results.jsonl", config_key, where=lambda row: row["setup"] == setup) as log:
+        with ResultLog(out / "results.jsonl", config_key, where=lambda row: same_run(row["setup"], setup)) as log:
             shared: tuple[str | None, list] = (None, [])  # (loop key, states): the last loop run, re-ranked
             grid = sorted(grid, key=lambda ch: loop_key(base.replace(**ch)) or "")  # one loop run per key
             for changes in tqdm(grid, desc="grid", unit="config", disable=not show_progress):

@@ -29,12 +29,15 @@ def read_rows(folder: str | Path) -> list[dict]:
 
 
 def portable_setup(setup: Mapping[str, Any]) -> dict[str, Any]:
-    """A tuning setup without machine paths: data files as ``<dataset>/<split>.jsonl``, model folders by name."""
+    """A tuning setup without machine paths: data files as ``<dataset>/<split>.jsonl``, model and encoder folders
+    by name (the run identity's corpus and index sources too)."""
     out = dict(setup)
-    for key in ("questions",):
+    for key in ("questions", "corpus"):
         if out.get(key):
             out[key] = "/".join(Path(out[key]).parts[-2:])
-    for key in ("labeler", "filter", "ranker"):
+    if out.get("corpus_from"):
+        out["corpus_from"] = ["/".join(Path(f).parts[-2:]) for f in out["corpus_from"]]
+    for key in ("labeler", "filter", "ranker", "encoder", "index"):
         if out.get(key):
             out[key] = Path(out[key]).name
     return out

@@ -1,4 +1,5 @@
-"""The run-setup layer (``effrag.experiment``): questions -> corpus -> retriever -> gold, and its argument groups."""
+"""The run-setup layer (``effrag.setup``): questions -> corpus -> retriever -> gold, the run identity and the one
+resume check; the shared argument groups (``effrag.cli_args``)."""
 from __future__ import annotations
 
 import argparse
@@ -6,8 +7,8 @@ import argparse
 import pytest
 
 from effrag.data import sample_path
-from effrag.experiment import (RunSetup, add_method_args, add_run_args, default_cache_dir, method_options,
-                               open_corpus, retriever_options)
+from effrag.cli_args import add_method_args, add_run_args, method_options
+from effrag.setup import RunSetup, default_cache_dir, open_corpus, retriever_options
 
 
 def parse(argv: list[str], **kw) -> argparse.Namespace:
@@ -127,3 +128,48 @@ def test_own_contexts_makes_a_questions_file_its_own_corpus():
     setup = RunSetup.build(dev, limit=3, retriever="bm25", cache=False, own_contexts=True)
     assert setup.missing_gold == 0 and setup.sources["corpus_from"] == []
     assert len(setup.corpus) == len(open_corpus(corpus_from=[dev]))
+
+
+# ---------------------------------------------------------------------- one corpus, several question files; the identity
+def test_a_setup_without_questions_asks_question_files_over_one_corpus(tmp_path):
+    dev, train = sample_path("hotpotqa", "dev"), sample_path("2wikimqa", "dev")
+    base = RunSetup.build(corpus_from=[dev, train], retriever="bm25", cache=False)
+    assert base.questions == [] and base.dataset is None and base.identity()["questions"] is None
+    hot, wiki = base.ask(dev, limit=3), base.ask(train, limit=2)
+    assert (len(hot.questions), len(wiki.questions)) == (3, 2) and hot.retriever is wiki.retriever is base.retriever
+    assert hot.identity()["questions"] == str(dev.resolve()) and wiki.dataset == "2wikimqa"
+    assert hot.identity()["corpus_fingerprint"] == base.identity()["corpus_fingerprint"]
+    direct = RunSetup.build(dev, limit=3, corpus_from=[dev, train], retriever="bm25", cache=False)
+    assert direct.identity() == hot.identity() and direct.gold == hot.gold  # the same run either way
+    other = hot.over("bm25", cache=False, bm25_article=True)
+    assert other.questions is hot.questions and other.retriever is not hot.retriever and other.kind == "bm25"
+
+
+def test_check_same_run_names_the_differing_keys_and_lets_older_records_resume(tmp_path):
+    from effrag.setup import IDENTITY_KEYS, check_same_run, same_run
+
+    setup = RunSetup.build(sample_path("hotpotqa", "dev"), limit=2, retriever="bm25", own_contexts=True, cache=False)
+    now = {**setup.identity(), "method": "direct-r", "k": [10]}
+    check_same_run(None, now, tmp_path)  # nothing recorded: a fresh start
+    check_same_run(dict(now), now, tmp_path)
+    with pytest.raises(ValueError, match=r"holds predictions of a different run \(differs in: k, retriever\); x$"):
+        check_same_run({**now, "k": [5], "retriever": "dense"}, now, tmp_path, what="predictions", hint="x")
+    assert same_run({**now, "started": "then"}, now, may_change=["started"])
+    assert same_run({**now, "limit": None}, now)  # a missing key reads as None
+    assert not same_run({**now, "reader": "r"}, now)
+    older = {k: v for k, v in now.items() if k not in ("corpus_size", "encoder")}  # written before they were identity
+    assert set(IDENTITY_KEYS) >= {"corpus_size", "encoder"} and same_run(older, now)
+    assert not same_run({**older, "corpus_fingerprint": "other"}, now)
+
+
+def test_effrag_experiment_still_exports_the_setup_and_the_argument_groups():
+    import effrag.cli_args
+    import effrag.experiment
+    import effrag.setup
+
+    for name in ("RunSetup", "open_corpus", "open_retriever", "open_index", "default_cache_dir", "dataset_file",
+                 "retriever_options", "RETRIEVER_KINDS", "encoder_path"):
+        assert getattr(effrag.experiment, name) is getattr(effrag.setup, name)
+    for name in ("add_run_args", "add_questions_args", "add_corpus_args", "add_retriever_args", "add_method_args",
+                 "method_options", "positive_int", "output_dir"):
+        assert getattr(effrag.experiment, name) is getattr(effrag.cli_args, name)

@@ -235,12 +235,17 @@ def run_ranker_data(args) -> dict:
     return info
 
 
+COMMANDS = (add_synthesize_parser, add_irrr_data_parser, add_filter_data_parser, add_ranker_data_parser)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m data_synthesis.cli ...`` is ``effrag synthesize ...`` (same parser, errors and exit codes)."""
+    """``python -m data_synthesis.cli ...`` is ``effrag synthesize ...`` (same parser, errors and exit codes; also
+    where the ``effrag.commands`` entry points are not installed)."""
     from effrag.cli import main as effrag_main
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    return effrag_main(argv if argv[:1] == ["synthesize"] else ["synthesize", *argv])
+    named = argv[:1] and argv[0] in ("synthesize", "irrr-data", "filter-data", "ranker-data")
+    return effrag_main(argv if named else ["synthesize", *argv], commands=COMMANDS)
 
 
 if __name__ == "__main__":

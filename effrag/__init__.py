@@ -3,7 +3,7 @@
 Public API::
 
     from effrag import EfficientRAG
-    rag = EfficientRAG.from_pretrained("labeler/", "filter/", retriever=my_retriever)
+    rag = EfficientRAG.from_pretrained("labeler/", "filter/", retriever=my_retriever)   # the registered pipeline
     chunks = rag.retrieve("Who directed the film that ...?")
 """
 import os as _os
@@ -13,11 +13,11 @@ import os as _os
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
-__all__ = ["EfficientRAG", "EfficientRAGConfig", "Chunk", "Result", "__version__"]
+__all__ = ["EfficientRAG", "EfficientRAGConfig", "Chunk", "Hop", "Result", "__version__"]
 
 
 def __getattr__(name):  # lazy: importing effrag must not import torch
-    if name in ("EfficientRAG", "EfficientRAGConfig", "Chunk", "Result"):
+    if name in ("EfficientRAG", "EfficientRAGConfig", "Chunk", "Hop", "Result"):
         from effrag import api
 
         return getattr(api, name)

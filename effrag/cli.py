@@ -1,11 +1,15 @@
 """The ``effrag`` command line.
 
 Each subcommand is an ``add_<name>_parser(subparsers)`` function that adds its
-parser and sets ``func`` to its handler. :data:`SUBCOMMANDS` lists them as
+parser and sets ``func`` to its handler. :data:`SUBCOMMANDS` lists effrag's own as
 ``"module:function"`` and is resolved lazily, so a subcommand living in another
-module (``synthesize``, ``quickstart``, ``serve``) is added with one line here and
-its heavy imports are paid only when it runs. ``eval --method NAME`` also gets
-the options that method declares in ``Pipeline.add_args``.
+module (``quickstart``, ``serve``) is added with one line here and its heavy imports
+are paid only when it runs. Commands of other installed packages come in through the
+entry point group ``effrag.commands`` (``name = "module:add_<name>_parser"``): the
+training-data commands (``synthesize``, ``irrr-data``, ``filter-data``, ``ranker-data``)
+are registered there by the ``data_synthesis`` package (``pyproject.toml``), so effrag
+itself imports nothing outside itself. ``eval --method NAME`` also gets the options
+that method declares in ``Pipeline.add_args``.
 
 User errors (missing files, bad data, empty corpora, mismatched indexes, bad
 values) end with a one-line ``effrag: error: ...`` on stderr and exit code 2.
@@ -27,13 +31,13 @@ SUBCOMMANDS: list[str] = [
     "effrag.cli:add_index_parser",
     "effrag.cli:add_eval_parser",
     "effrag.retrieve_cli:add_retrieve_parser",
-    "data_synthesis.cli:add_synthesize_parser",
     "effrag.quickstart:add_quickstart_parser",
     "effrag.serve:add_serve_parser",
-    "data_synthesis.cli:add_irrr_data_parser",
-    "data_synthesis.cli:add_filter_data_parser",
-    "data_synthesis.cli:add_ranker_data_parser",
 ]
+COMMAND_GROUP = "effrag.commands"  # entry points of other packages' subcommands
+# the training-data commands the project's data_synthesis package registers in COMMAND_GROUP: named here only
+# to say how to get them when they are missing
+DATA_COMMANDS = ("synthesize", "irrr-data", "filter-data", "ranker-data")
 EXIT_USAGE = 2
 
 
@@ -317,20 +321,35 @@ def _peek(argv: list[str], flag: str) -> str | None:
     return None
 
 
-def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+def command_entry_points() -> list:
+    """The installed entry points of :data:`COMMAND_GROUP`, one per command name (the first found)."""
+    from importlib.metadata import entry_points
+
+    seen: dict[str, object] = {}
+    for ep in entry_points(group=COMMAND_GROUP):
+        seen.setdefault(ep.name, ep)
+    return list(seen.values())
+
+
+def build_parser(argv: list[str] | None = None, commands: tuple = ()) -> argparse.ArgumentParser:
+    """The ``effrag`` parser: effrag's subcommands, the installed entry points' and ``commands`` (``add_*_parser``
+    functions a caller outside effrag brings, e.g. ``python -m data_synthesis.cli``)."""
     parser = _Parser(prog="effrag", description="Multi-hop retrieval toolkit: EfficientRAG, IRRR and peers.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for spec in SUBCOMMANDS:
         module, func = spec.split(":")
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name and module.startswith(e.name):
-                continue  # that subcommand's module is not installed/written: leave it out
-            raise
-        getattr(mod, func)(sub)
+        getattr(importlib.import_module(module), func)(sub)
+    for add in commands:
+        add(sub)
+    for ep in command_entry_points():
+        if ep.name not in sub.choices:
+            ep.load()(sub)
     argv = argv or []
+    if argv[:1] and argv[0] in DATA_COMMANDS and argv[0] not in sub.choices:
+        raise ValueError(f"`effrag {argv[0]}` is a command of the project's data_synthesis package, which is not "
+                         f"installed here (no {COMMAND_GROUP} entry point): install effrag with its data_synthesis "
+                         "package: pip install -e .")
     if argv[:1] == ["eval"] and "eval" in sub.choices:
         from effrag.cli_args import add_method_args
 
@@ -338,10 +357,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, commands: tuple = ()) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser(argv)
+        parser = build_parser(argv, commands)
         args = parser.parse_args(argv)
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                             format="%(levelname)s %(name)s: %(message)s")

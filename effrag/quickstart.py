@@ -252,14 +252,15 @@ def _evaluate(ds: str, setup, setups: dict, files: dict, out: Path, llm: str | N
 def _pool_curve(entry: dict, predictions: Path, kind: str) -> list[dict]:
     """EfficientRAG's ranked pool cut at 1..CURVE_MAX chunks (the loop with ``max_candidates = c``), with what
     the loop read per question."""
+    from effrag.evaluation import read_predictions
     from effrag.evaluation.runner import aggregate
-    from effrag.jsonl import read_jsonl
     from effrag.tuning import forwards
 
-    preds = list(read_jsonl(predictions))
-    read = [forwards(p["trace"]["hops"]) for p in preds]
+    preds = read_predictions(predictions)
+    read = [forwards(p.result.hops) for p in preds]
     cost = [sum(r[j] for r in read) / len(read) for j in range(3)]
-    return [{**aggregate(preds, c, entry["method"], entry["dataset"], cut_at_k=True), "retriever": kind,
+    rows = [p.to_row() for p in preds]
+    return [{**aggregate(rows, c, entry["method"], entry["dataset"], cut_at_k=True), "retriever": kind,
              "forwards": cost} for c in range(1, CURVE_MAX + 1)]
 
 

@@ -108,6 +108,21 @@ def open_index(index: str | Path, *, kind: str | None = None, corpus: Any = None
     return load_retriever(index, corpus=corpus, encoder_path=encoder, bf16=bf16, **runtime)
 
 
+def as_retriever(retriever: Any, corpus: Any = None) -> Any:
+    """A search object from a retriever (``search(queries, k)``), a saved index folder, or a function
+    ``fn(queries, k)`` (:class:`~effrag.retrieval.function.FunctionRetriever`)."""
+    if callable(getattr(retriever, "search", None)):
+        return retriever
+    if isinstance(retriever, (str, Path)):
+        return open_index(retriever, corpus=corpus)
+    if callable(retriever):
+        from effrag.retrieval.function import FunctionRetriever
+
+        return FunctionRetriever(retriever)
+    raise TypeError(f"retriever must have search(queries, k), be an index directory or a function; "
+                    f"got {type(retriever).__name__}")
+
+
 def encoder_path(retriever) -> str | None:
     """The dense encoder folder of a retriever (or of a hybrid's parts), for run configs."""
     for r in [retriever, *getattr(retriever, "retrievers", [])]:

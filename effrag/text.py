@@ -64,6 +64,16 @@ def passage_text(passage) -> str:
     return chunk_text(passage.title, passage.text)
 
 
+# The extractive reader reads passages as the Labeler reads chunks, packed one per line into a window
+PASSAGE_SEPARATOR = "\n"  # between packed passages, in training records and at reading time alike
+
+
+def reader_passage(title: str, text: str) -> str:
+    """How the reader sees one passage: :func:`chunk_text`'s ``"title: text"`` (the title often names the answer's
+    entity), the same in its training records (``data_synthesis``) and at reading time."""
+    return chunk_text(title, text)
+
+
 def filter_input_words(query: str, kept: Sequence[Sequence[str]]) -> list[str]:
     """Filter input ``"<query> Info: <kept words 1> Info: <kept words 2> ..."`` as words.
 

@@ -57,19 +57,15 @@ def fmt(v) -> str:
     return str(v)
 
 
-def _labelled(row: dict) -> int:
-    """Chunks a model read: EfficientRAG's Labeler reads each hop's chunks; Direct-R's reader reads all k."""
-    hops = (row.get("trace") or {}).get("hops") if isinstance(row.get("trace"), dict) else None
-    if hops:
-        return sum(len(h["chunks"]) for h in hops)
-    return len(row["retrieved"])
-
-
 def summarise(entry: dict, pred_path: Path) -> dict:
-    rows = [json.loads(line) for line in pred_path.read_text().splitlines() if line.strip()]
-    read = [r["paragraphs_read"] if "paragraphs_read" in r else _labelled(r) for r in rows]
-    return {**{c: entry.get(c) for c in COLUMNS}, "paragraphs_read": sum(read) / max(1, len(read)),
-            "iterations": sum(r.get("iterations", 1) for r in rows) / max(1, len(rows))}
+    """The table row of a run: its metrics, the paragraphs a model read per question (IRRR's reader and
+    EfficientRAG's Labeler each round's; Direct-R's reader every returned chunk) and the rounds."""
+    from effrag.evaluation import read_predictions
+
+    results = [p.result for p in read_predictions(pred_path)]
+    n = max(1, len(results))
+    return {**{c: entry.get(c) for c in COLUMNS}, "paragraphs_read": sum(r.chunks_read for r in results) / n,
+            "iterations": sum(r.iterations for r in results) / n}
 
 
 def main(argv=None) -> int:

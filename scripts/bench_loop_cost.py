@@ -48,7 +48,7 @@ def labeler_pairs(results, corpus, chunk_format: str) -> list[tuple[str, str]]:
 
     out = []
     for r in results:
-        for e in r.trace:
+        for e in r.hops:
             for c in e["chunks"]:
                 p = corpus[c["id"]]
                 out.append((e["queries"][c["query"]], chunk_text(p.title, p.text, chunk_format)))

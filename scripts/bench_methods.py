@@ -118,9 +118,13 @@ class CPUTimed:
 
 
 def summarise(entry: dict, pred_path: Path) -> dict:
-    rows = [json.loads(line) for line in pred_path.read_text().splitlines() if line.strip()]
+    """The table row of a run: its metrics, and the means of the methods' own row fields (parse failures, CPU s)."""
+    from effrag.evaluation import read_predictions
+
+    extra = [p.result.extra for p in read_predictions(pred_path)]
+
     def mean(key):
-        vals = [r[key] for r in rows if r.get(key) is not None]
+        vals = [e[key] for e in extra if e.get(key) is not None]
         return sum(vals) / len(vals) if vals else None
     return {**{c: entry.get(c) for c in COLUMNS}, "parse_failures": mean("parse_failures") or 0.0,
             "cpu_s": mean("cpu_s"), "cover_em": entry.get("cover_em"), "iterations": entry.get("iterations")}

@@ -80,7 +80,8 @@ class Answered:
             r = copy.deepcopy(r)
             reply = answer_results(self.generator, [r])[0]
             # what the reader was given (words of whole chunks or kept words) and the time of both stages
-            r.extra.update(reader=reply.get("trace"), retrieval_s=round(seconds, 4),
+            r.generation = reply.get("trace")
+            r.extra.update(retrieval_s=round(seconds, 4),
                            reading_s=round(reply.get("latency_s", 0.0), 4),
                            context_words=sum(len(chunk_context(c, self.generator.context).split()) for c in r.chunks))
             results.append(r)
@@ -105,7 +106,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    from effrag.evaluation import evaluate
+    from effrag.evaluation import evaluate, read_predictions
     from effrag.evaluation.report import md_table
     from effrag.setup import RunSetup, dataset_file
     from effrag.hardware import usable_cores
@@ -154,11 +155,11 @@ def main(argv=None) -> int:
                       "irrr_config": irrr_config if name == "irrr" else None}
             t0 = time.perf_counter()
             entry = evaluate(pipe, setup.questions, setup.gold, out, config, ks=None, batch_size=1)[0]
-            rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines() if line.strip()]
-            n = max(1, len(rows))
+            done = [p.result.extra for p in read_predictions(out)]
+            n = max(1, len(done))
             row = {**{c: entry.get(c) for c in COLUMNS}, "method": name, "dataset": ds,
-                   "context_words": sum(r["context_words"] for r in rows) / n,
-                   "latency_s": sum(r["retrieval_s"] + r["reading_s"] for r in rows) / n}
+                   "context_words": sum(r["context_words"] for r in done) / n,
+                   "latency_s": sum(r["retrieval_s"] + r["reading_s"] for r in done) / n}
             table.append(row)
             print(f"{ds:9s} {name:18s} " + " ".join(f"{c}={row[c]}" for c in COLUMNS[2:])
                   + f" (wall {time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)

@@ -21,33 +21,33 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from effrag.evaluation import read_predictions
 from effrag.evaluation.report import md_table
-from effrag.jsonl import read_jsonl
 
 
-def read_rows(run: Path) -> list[dict]:
-    path = run / "predictions.jsonl" if run.is_dir() else run
-    if not path.is_file():
-        raise SystemExit(f"{path}: no predictions.jsonl (an `effrag eval --method efficientrag` output folder)")
+def read_rows(run: Path) -> list:
+    """The run's predictions (:func:`effrag.evaluation.read_predictions`): an EfficientRAG run's, whose rows keep
+    every hop; a bad line, or another method's run, is one error naming the file."""
     try:
-        rows = list(read_jsonl(path))  # a bad line is an error naming file and line
-    except ValueError as e:
+        preds = read_predictions(run, method="efficientrag")
+    except (OSError, ValueError) as e:
         raise SystemExit(str(e)) from None
-    for n, row in enumerate(rows, 1):
-        if "hops" not in (row.get("trace") or {}):
-            raise SystemExit(f"{path}: row {n}: no per-hop trace (not an EfficientRAG run?)")
-    return rows
+    for n, p in enumerate(preds, 1):
+        if not p.result.hops:
+            raise SystemExit(f"{run}: row {n}: no hops recorded (not an EfficientRAG run?)")
+    return preds
 
 
-def classify(rows: list[dict]) -> tuple[Counter, Counter, list[str]]:
+def classify(preds: list) -> tuple[Counter, Counter, list[str]]:
     classes, first_seen, examples = Counter(), Counter(), []
-    for row in rows:
-        pool = set(row["retrieved"])
+    for p in preds:
+        hops = p.result.hops
+        pool = set(p.result.ids)
         seen_at: dict[str, int] = {}
-        for entry in row["trace"]["hops"]:
-            for c in entry["chunks"]:
-                seen_at.setdefault(c["id"], entry["hop"])
-        for g in row["gold"]:
+        for entry in hops:
+            for cid in entry.read:
+                seen_at.setdefault(cid, entry["hop"])
+        for g in p.gold:
             if g in seen_at:
                 first_seen[seen_at[g]] += 1
             if g in pool:
@@ -56,11 +56,10 @@ def classify(rows: list[dict]) -> tuple[Counter, Counter, list[str]]:
                 classes[f"labeled at hop {seen_at[g]}, cut"] += 1
             else:
                 classes["never retrieved"] += 1
-                hops = row["trace"]["hops"]
                 if len(examples) < 6 and len(hops) > 1:
-                    kept = [f"{c['title']}: {c['kept']}" for c in hops[0]["chunks"] if c["tag"] == "<Continue>"][:2]
-                    examples.append(f"- Q: {row['question']}\n  - kept at hop 0: {kept}\n  - next queries: "
-                                    f"{[e['queries'] for e in hops[1:]]}\n  - missing gold id: {g}")
+                    kept = [f"{c['title']}: {c['kept']}" for c in hops[0].chunks if c["tag"] == "<Continue>"][:2]
+                    examples.append(f"- Q: {p.question}\n  - kept at hop 0: {kept}\n  - next queries: "
+                                    f"{[e.queries for e in hops[1:]]}\n  - missing gold id: {g}")
     return classes, first_seen, examples
 
 

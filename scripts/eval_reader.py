@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     from effrag.evaluation.report import md_table
     from effrag.hardware import usable_cores
     from effrag.models import load_reader
-    from effrag.models.reader import passage_text
+    from effrag.text import reader_passage
     from effrag.provenance import write_report
 
     torch.set_num_threads(args.threads or usable_cores())
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
         preds = []
         t0 = time.perf_counter()
         for i, q in enumerate(questions, 1):
-            passages = [passage_text(p.title, p.text) for p in q.gold]
+            passages = [reader_passage(p.title, p.text) for p in q.gold]
             row = {"id": q.id, "question": q.question, "answers": q.answers, "type": q.type,
                    "kind": answer_kind(q.answer)}
             for mode in args.modes:

@@ -48,7 +48,7 @@ def features(result) -> list[list[float]]:
     """One row of :data:`FEATURES` per chunk of ``result`` (a seen-pool run with requery scores)."""
     from effrag.pipelines.efficientrag import _logit  # the loop's own clipped log-odds
 
-    hops = result.trace
+    hops = result.hops
     rank0 = {c["id"]: i for i, c in enumerate(hops[0]["chunks"])} if hops else {}
     later = _tokens(" ".join(q for e in hops[1:] for q in e["queries"]))
     question = _tokens(result.question)

@@ -13,7 +13,7 @@ Per model, in order:
 1. data: Labeler / Filter train on the synthesised ``--synth DIR/<model>.jsonl`` (``effrag synthesize``;
    scripts/train_efficientrag.sh runs the whole EfficientRAG recipe) or their config's files; IRRR's
    dynamic-oracle steps are built with ``effrag irrr-data`` (resumes), the reader's records with
-   ``effrag.training.tasks.reader.write_reader_data`` (seconds, seeded), both from the
+   ``data_synthesis.reader_records.write_reader_data`` (seconds, seeded), both from the
    ``--datasets`` train files in ``--data`` (env DATA, default ../shared/data), with the first
    ``--dev-limit`` dev questions of each dataset for validation;
 2. ``accelerate launch train.py --config configs/<model>.yaml`` into runs/train/<name>/<model>; a run
@@ -139,12 +139,12 @@ def prepare_data(args, model: str) -> list[str]:
             subprocess.run(cmd, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=True)
             commands.append(command_line(cmd, nice=False))
         else:  # seconds, and seeded: rebuilt every time, so the files always match --data
-            from effrag.training.tasks.reader import write_reader_data
+            from data_synthesis.reader_records import write_reader_data
 
             call = f"write_reader_data({json.dumps(inputs)}, {json.dumps(str(out))}, limit={limit})"
             print("+", call, flush=True)
             write_reader_data([REPO / f for f in inputs], REPO / out, limit=limit)
-            commands.append(f"python -c 'from effrag.training.tasks.reader import write_reader_data; {call}'")
+            commands.append(f"python -c 'from data_synthesis.reader_records import write_reader_data; {call}'")
     return commands
 
 

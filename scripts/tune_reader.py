@@ -67,7 +67,7 @@ def parse_args(argv=None):
 def dev_logits(reader, data: Path, datasets: list[str], limit: int | None) -> dict[str, list[tuple]]:
     """Per dataset: (question, gold answers, windows, window logits) of every dev question with gold passages."""
     from effrag.data import load_questions
-    from effrag.models.reader import passage_text
+    from effrag.text import reader_passage
 
     cache: dict[str, list[tuple]] = {}
     for ds in datasets:
@@ -78,7 +78,7 @@ def dev_logits(reader, data: Path, datasets: list[str], limit: int | None) -> di
         t0 = time.perf_counter()
         rows = []
         for i, q in enumerate(questions, 1):
-            windows, logits = reader.window_logits(q.question, [passage_text(p.title, p.text) for p in q.gold])
+            windows, logits = reader.window_logits(q.question, [reader_passage(p.title, p.text) for p in q.gold])
             rows.append((q.question, q.answers, windows, logits))
             if i % 100 == 0 or i == len(questions):
                 print(f"{ds}: {i}/{len(questions)} questions read ({time.perf_counter() - t0:.0f}s)",

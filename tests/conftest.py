@@ -1,7 +1,8 @@
-"""Shared fixtures: the bundled real sample, loaded once per test session."""
+"""Shared fixtures: the bundled real sample, loaded once per test session; the checkout's command entry points."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +11,26 @@ import pytest
 from effrag.data import Corpus, load_questions, sample_files
 
 ROOT = Path(__file__).parents[1]
+
+
+def pytest_configure(config):
+    """``effrag synthesize`` and the other training-data commands reach ``effrag`` through the ``effrag.commands``
+    entry points of ``pyproject.toml``. Where the installed metadata predates them (an editable install made from an
+    older checkout), this checkout's are declared for the session, in process and for subprocesses alike."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from effrag.cli import DATA_COMMANDS, command_entry_points
+    from helpers import write_command_entry_points
+
+    if set(DATA_COMMANDS) <= {ep.name for ep in command_entry_points()}:
+        return
+    root = Path(tempfile.mkdtemp(prefix="effrag-entry-points-"))
+    atexit.register(shutil.rmtree, root, True)
+    write_command_entry_points(root)
+    sys.path.insert(0, str(root))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
 
 
 def reset_accelerate() -> None:

@@ -32,3 +32,19 @@ def make_tiny_efficientrag(root: Path) -> dict[str, Path]:
         model.save_pretrained(Path(root) / name)
         dirs[name] = Path(root) / name
     return dirs
+
+
+def write_command_entry_points(root: Path, name: str = "effrag_commands_from_source") -> Path:
+    """A distribution's metadata under ``root`` (``<name>-0.dist-info`` with ``METADATA`` and ``entry_points.txt``)
+    declaring the ``effrag.commands`` entry points of this checkout's ``pyproject.toml``; ``root`` on ``sys.path``
+    makes ``importlib.metadata`` find them, as it finds an installed package's. Returns the dist-info folder."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    commands = project["entry-points"]["effrag.commands"]
+    info = Path(root) / f"{name}-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(
+        "[effrag.commands]\n" + "".join(f"{k} = {v}\n" for k, v in commands.items()))
+    return info

@@ -92,7 +92,7 @@ def split_point(values: list[float]) -> float:
 
 
 def labeled_ids(result):
-    return [c["id"] for e in result.trace for c in e["chunks"]]
+    return [c["id"] for e in result.hops for c in e["chunks"]]
 
 
 # ---------------------------------------------------------------------- the loop
@@ -100,9 +100,9 @@ def labeled_ids(result):
 def test_all_terminate_stops_after_hop_zero(models, retriever, questions):
     loop = make_loop(models, retriever, tag=-20.0, max_hops=4)
     for r in loop.run(questions):
-        assert r.iterations == 1 and len(r.trace) == 1
+        assert r.iterations == 1 and len(r.hops) == 1
         assert r.chunks == []
-        hop = r.trace[0]
+        hop = r.hops[0]
         assert hop["stop"] == "no_continue" and hop["next_queries"] == [] and hop["filter_inputs"] == []
         assert len(hop["chunks"]) == 3 and all(c["tag"] == TERMINATE for c in hop["chunks"])
 
@@ -110,8 +110,8 @@ def test_all_terminate_stops_after_hop_zero(models, retriever, questions):
 def test_all_continue_runs_exactly_max_hops_and_ranks_by_hop_then_score(models, retriever, questions):
     loop = make_loop(models, retriever, tag=20.0, max_hops=3)
     for r in loop.run(questions):
-        assert r.iterations == 3 and [e["hop"] for e in r.trace] == [0, 1, 2]
-        assert r.trace[-1]["stop"] == "max_hops" and r.trace[-1]["next_queries"] == []
+        assert r.iterations == 3 and [e["hop"] for e in r.hops] == [0, 1, 2]
+        assert r.hops[-1]["stop"] == "max_hops" and r.hops[-1]["next_queries"] == []
         assert [c.id for c in r.chunks] and len(r.chunks) == len(labeled_ids(r))
         keys = [(c.hop, -c.score) for c in r.chunks]
         assert keys == sorted(keys)
@@ -121,7 +121,7 @@ def test_all_continue_runs_exactly_max_hops_and_ranks_by_hop_then_score(models, 
 @pytest.mark.parametrize("max_hops", [1, 2])
 def test_max_hops_is_respected(models, retriever, questions, max_hops):
     r = make_loop(models, retriever, tag=20.0, max_hops=max_hops).run(questions[:2])[0]
-    assert r.iterations == max_hops and len(r.trace) == max_hops
+    assert r.iterations == max_hops and len(r.hops) == max_hops
 
 
 def test_tag_threshold_extremes_on_an_unbiased_model(models, retriever, questions):
@@ -137,24 +137,24 @@ def test_no_chunk_is_labeled_twice_and_refill_gives_k_new_chunks(models, retriev
         for r in results:
             ids = labeled_ids(r)
             assert len(ids) == len(set(ids)), f"{mode}: a chunk was labeled twice"
-            for e in r.trace:  # BM25 over 400 passages has plenty of unseen hits for these queries
+            for e in r.hops:  # BM25 over 400 passages has plenty of unseen hits for these queries
                 assert all(len(got) == 3 for got in e["retrieved"]), e["retrieved"]
     drop = make_loop(models, retriever, tag=20.0, max_hops=3, dedup="drop").run(questions[:3])
     refill = make_loop(models, retriever, tag=20.0, max_hops=3, dedup="refill").run(questions[:3])
     for d, f in zip(drop, refill):
         assert len(set(labeled_ids(d))) == len(labeled_ids(d))
         assert len(labeled_ids(d)) <= len(labeled_ids(f))
-    assert any(e["skipped_seen"] > 0 for d in drop for e in d.trace[1:])
+    assert any(e["skipped_seen"] > 0 for d in drop for e in d.hops[1:])
 
 
 def test_trace_explains_every_decision(models, retriever, questions):
     loop = make_loop(models, retriever, tag_threshold=0.5, max_hops=3)
     for q, r in zip(questions, loop.run(questions)):
-        assert r.trace[0]["queries"] == [q]
-        for prev, nxt in zip(r.trace, r.trace[1:]):
+        assert r.hops[0]["queries"] == [q]
+        for prev, nxt in zip(r.hops, r.hops[1:]):
             assert nxt["queries"] == prev["next_queries"]
         by_id = {c.id: c for c in r.chunks}
-        for e in r.trace:
+        for e in r.hops:
             assert sum(len(x) for x in e["retrieved"]) == len(e["chunks"])
             for c in e["chunks"]:
                 assert (c["tag"] == CONTINUE) == (c["id"] in by_id)
@@ -180,7 +180,7 @@ def test_query_chunks_caps_the_chunks_that_feed_the_merged_query(models, retriev
     assert len(hop0) == 3
     for m in (1, 2):  # the m most confident <Continue> chunks give the merged query's Info blocks
         r = make_loop(models, retriever, tag=20.0, token=20.0, filt=20.0, max_hops=2, query_chunks=m).run([q])[0]
-        assert r.trace[0]["filter_inputs"] == [join_words(filter_input_words(q, [c.kept_words for c in hop0[:m]]))]
+        assert r.hops[0]["filter_inputs"] == [join_words(filter_input_words(q, [c.kept_words for c in hop0[:m]]))]
     with pytest.raises(ValueError, match="query_chunks"):
         EfficientRAGConfig(query_chunks=0)
     assert "query_chunks" not in EfficientRAGConfig().to_json()  # old configs still match
@@ -194,28 +194,28 @@ def test_token_and_filter_thresholds_shape_the_next_query(models, retriever, que
     hop0 = [c for c in conts if c.hop == 0]
     assert all(c.kept_words == words(chunk_text(c.title, c.text)) for c in hop0)
     expected = filter_input_words(q, [c.kept_words for c in hop0])
-    assert r.trace[0]["filter_inputs"] == [join_words(expected)]
-    assert r.trace[0]["next_queries"] == [join_words(expected)]
+    assert r.hops[0]["filter_inputs"] == [join_words(expected)]
+    assert r.hops[0]["next_queries"] == [join_words(expected)]
     # Labeler keeps nothing, Filter drops everything: fall back to the query itself
     r = make_loop(models, retriever, tag=20.0, token=-20.0, filt=-20.0, max_hops=2).run([q])[0]
     assert all(c.kept_words == [] for c in r.chunks)
-    assert r.trace[0]["next_queries"] == [join_words(words(q))]
+    assert r.hops[0]["next_queries"] == [join_words(words(q))]
     # Filter keeps only... nothing but the document fallback carries the kept words on
     r = make_loop(models, retriever, tag=20.0, token=20.0, filt=-20.0, max_hops=2, query_mode="per_chunk",
                   max_branches=2).run([q])[0]
     top = sorted([c for c in r.chunks if c.hop == 0], key=lambda c: -c.score)[:2]
-    assert r.trace[0]["next_queries"] == [join_words(words(q) + c.kept_words) for c in top]
+    assert r.hops[0]["next_queries"] == [join_words(words(q) + c.kept_words) for c in top]
 
 
 def test_query_modes(models, retriever, questions):
     merged = make_loop(models, retriever, tag=20.0, max_hops=3, query_mode="merged").run(questions)
-    assert all(len(e["queries"]) == 1 for r in merged for e in r.trace)
+    assert all(len(e["queries"]) == 1 for r in merged for e in r.hops)
     per = make_loop(models, retriever, tag=20.0, max_hops=3, query_mode="per_chunk",
                     max_branches=2).run(questions)
     for r in per:
-        assert [len(e["queries"]) for e in r.trace][0] == 1
-        assert all(1 <= len(e["queries"]) <= 2 for e in r.trace[1:])
-        assert any(len(e["queries"]) == 2 for e in r.trace[1:])
+        assert [len(e["queries"]) for e in r.hops][0] == 1
+        assert all(1 <= len(e["queries"]) <= 2 for e in r.hops[1:])
+        assert any(len(e["queries"]) == 2 for e in r.hops[1:])
 
 
 def test_candidate_caps(models, retriever, questions):
@@ -255,10 +255,10 @@ def test_fused_pool_order_keeps_what_the_retriever_is_sure_of(models, retriever,
 def test_first_hop_k_reads_deeper_for_the_question_only(models, retriever, questions):
     res = make_loop(models, retriever, tag=20.0, token=20.0, max_hops=2, hop_k=2, first_hop_k=5).run(questions)
     for r in res:
-        assert [len(ids) for ids in r.trace[0]["retrieved"]] == [5]
-        assert r.trace[0]["retrieved"][0] == [h.id for h in retriever.search([r.question], 5)[0]]
-        assert all(len(ids) <= 2 for e in r.trace[1:] for ids in e["retrieved"])
-        assert any(ids for e in r.trace[1:] for ids in e["retrieved"])
+        assert [len(ids) for ids in r.hops[0]["retrieved"]] == [5]
+        assert r.hops[0]["retrieved"][0] == [h.id for h in retriever.search([r.question], 5)[0]]
+        assert all(len(ids) <= 2 for e in r.hops[1:] for ids in e["retrieved"])
+        assert any(ids for e in r.hops[1:] for ids in e["retrieved"])
     with pytest.raises(ValueError, match="first_hop_k"):
         EfficientRAGConfig(first_hop_k=0)
 
@@ -269,7 +269,7 @@ def test_seen_pool_source_ranks_every_labeled_chunk(models, retriever, questions
     seen = make_loop(models, retriever, pool_source="seen", **kw).run(questions)
     for a, b in zip(paper, seen):
         # the same loop (tags steer it alike), but the pool is every chunk the Labeler read, in one order
-        assert a.trace == b.trace
+        assert a.hops == b.hops
         assert sorted(c.id for c in b.chunks) == sorted(labeled_ids(b))
         keys = [c.score + 0.5 * c.retrieval_score for c in b.chunks]
         assert keys == sorted(keys, reverse=True)
@@ -302,8 +302,8 @@ def test_requery_weight_adds_the_later_queries_scores_to_the_fused_order(models,
     assert not any("requery_scores" in r.extra for r in plain)
     moved = 0
     for a, b in zip(plain, heavy):
-        assert a.trace == b.trace and sorted(c.id for c in a.chunks) == sorted(c.id for c in b.chunks)
-        later = [q for e in b.trace[1:] for q in e["queries"]]
+        assert a.hops == b.hops and sorted(c.id for c in a.chunks) == sorted(c.id for c in b.chunks)
+        later = [q for e in b.hops[1:] for q in e["queries"]]
         expected = {}
         # the hits the loop got for each later query (a query repeated at a later hop is searched again,
         # deeper): a seen chunk a search missed scores its lowest hit
@@ -319,7 +319,7 @@ def test_requery_weight_adds_the_later_queries_scores_to_the_fused_order(models,
             moved += [c.id for c in a.chunks] != [c.id for c in b.chunks]
         else:
             assert [c.id for c in a.chunks] == [c.id for c in b.chunks]
-    assert moved and any(r.trace[1:] for r in heavy)
+    assert moved and any(r.hops[1:] for r in heavy)
     with pytest.raises(ValueError, match="requery_weight needs pool_order"):
         EfficientRAGConfig(requery_weight=1.0)
     assert "requery_weight" not in EfficientRAGConfig(pool_order="fused").to_json()  # old configs still match
@@ -335,8 +335,8 @@ def test_relabel_weight_ranks_by_the_labelers_p_under_the_later_queries(models, 
     moved = 0
     for a, b in zip(plain, heavy):
         # the loop itself is unchanged: same hops, tags, kept words and queries, same chunks in the pool
-        assert a.trace == b.trace and sorted(c.id for c in a.chunks) == sorted(c.id for c in b.chunks)
-        later = [q for e in b.trace[1:] for q in e["queries"]]
+        assert a.hops == b.hops and sorted(c.id for c in a.chunks) == sorted(c.id for c in b.chunks)
+        later = [q for e in b.hops[1:] for q in e["queries"]]
         if not later:  # stopped at hop 0: nothing was reread and the order stays
             assert "relabel_scores" not in b.extra or not b.extra["relabel_scores"]
             assert [c.id for c in a.chunks] == [c.id for c in b.chunks]
@@ -344,7 +344,7 @@ def test_relabel_weight_ranks_by_the_labelers_p_under_the_later_queries(models, 
         # expected: the best p(<Continue>) of each chunk under every query of a hop after the chunk's own
         expected = {}
         for c in b.chunks:
-            qs = [q for e in b.trace[c.hop + 1:] for q in e["queries"]] + ([c.query] if c.hop else [])
+            qs = [q for e in b.hops[c.hop + 1:] for q in e["queries"]] + ([c.query] if c.hop else [])
             ps = lab.predict(qs, [words(chunk_text(c.title, c.text, "title_text"))] * len(qs))
             expected[c.id] = max(p for p, _ in ps)
         assert b.extra["relabel_scores"] == pytest.approx(expected, abs=1e-4)
@@ -372,7 +372,7 @@ def test_batched_equals_one_at_a_time(models, retriever, questions):
         assert [c.id for c in s.chunks] == [c.id for c in b.chunks]
         assert [c.kept_words for c in s.chunks] == [c.kept_words for c in b.chunks]
         assert [c.score for c in s.chunks] == pytest.approx([c.score for c in b.chunks], abs=1e-5)
-        assert [e["queries"] for e in s.trace] == [e["queries"] for e in b.trace]
+        assert [e["queries"] for e in s.hops] == [e["queries"] for e in b.hops]
 
 
 def test_inputs_match_the_synthesised_training_data():
@@ -451,8 +451,8 @@ def test_api_round_trip(model_dirs, retriever, questions):
                                        tag_threshold=0.0, max_hops=2, hop_k=2)
     one = rag.retrieve(questions[0])
     assert isinstance(one, Result) and len(one) == 2 + 2 and one.iterations == 2
-    assert one.trace[0]["queries"] == [questions[0]] and one.ids == [c.id for c in one]
-    best = max(one.trace[0]["chunks"], key=lambda c: c["p_continue"])
+    assert one.hops[0]["queries"] == [questions[0]] and one.ids == [c.id for c in one]
+    best = max(one.hops[0]["chunks"], key=lambda c: c["p_continue"])
     assert (one[0].hop, one[0].id, one[0].title) == (0, best["id"], best["title"]) and one[0].text
     batch = rag.retrieve_batch(questions[:3])
     assert batch[0].ids == one.ids and len(batch) == 3
@@ -471,10 +471,10 @@ def test_api_accepts_a_plain_function_as_retriever(models, retriever, questions)
                 for hits in retriever.search(queries, k)]
 
     lab, fil = load(models, tag=20.0)
-    rag = EfficientRAG(lab, fil, search, EfficientRAGConfig(hop_k=2, max_hops=2))
+    rag = EfficientRAG(search, labeler=lab, filter=fil, config=EfficientRAGConfig(hop_k=2, max_hops=2))
     got = rag.retrieve(questions[0])
     assert len(got) == 4 and calls[0] == ([questions[0]], 2)
-    bad = EfficientRAG(lab, fil, lambda qs, k: [[{"title": "x"}] for _ in qs])
+    bad = EfficientRAG(lambda qs, k: [[{"title": "x"}] for _ in qs], labeler=lab, filter=fil)
     with pytest.raises(ValueError, match=r"hit 0 of query 0 lacks field\(s\) \['id', 'text'\]"):
         bad.retrieve(questions[0])
 
@@ -558,7 +558,7 @@ def test_real_smollm2_answer_and_judge(model_dirs, retriever, questions):
     rag = EfficientRAG.from_pretrained(model_dirs["labeler"], model_dirs["filter"], retriever=retriever,
                                        tag_threshold=0.0, max_hops=1, hop_k=2)
     out = rag.answer(questions[0], llm=Recording(), dataset="hotpotqa", max_tokens=16)
-    raw = out.trace["generation"]["raw"]
+    raw = out.generation["raw"]
     assert out.llm_calls == 1 and out.prompt_tokens > 200
     assert out.completion_tokens >= 1 and out.answer == parse_answer(raw, sentences=False)[0]
     assert prompts[0].count("<doc>\n") == 4 and out.chunks[0].title in prompts[0]

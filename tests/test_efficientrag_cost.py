@@ -62,7 +62,7 @@ def pools(results):
 
 
 def n_pairs(results):
-    return sum(len(e["chunks"]) for r in results for e in r.trace)
+    return sum(len(e["chunks"]) for r in results for e in r.hops)
 
 
 # ---------------------------------------------------------------------- config
@@ -81,7 +81,7 @@ def test_cost_options_default_off_and_left_out_of_to_json():
 def test_eval_flags_reach_the_config(tiny_efficientrag_dirs, retriever):
     import argparse
 
-    from effrag.pipelines.efficientrag import EfficientRAGPipeline
+    from effrag.pipelines.efficientrag_pipeline import EfficientRAGPipeline
 
     p = argparse.ArgumentParser()
     EfficientRAGPipeline.add_args(p)
@@ -146,7 +146,7 @@ def test_prune_last_hop_does_nothing_without_a_cap(models, retriever, questions)
     off = EfficientRAGLoop(lab, fil, retriever, base).run(questions)
     on = EfficientRAGLoop(lab, fil, retriever, base.replace(prune_last_hop=True)).run(questions)
     assert pools(on) == pools(off) and n_pairs(on) == n_pairs(off)
-    assert [r.trace for r in on] == [r.trace for r in off]
+    assert [r.hops for r in on] == [r.hops for r in off]
 
 
 def test_stop_at_pool_ends_a_question_once_its_pool_is_full(continuing, retriever, questions):
@@ -155,9 +155,9 @@ def test_stop_at_pool_ends_a_question_once_its_pool_is_full(continuing, retrieve
     off = EfficientRAGLoop(lab, fil, retriever, base).run(questions)
     on = EfficientRAGLoop(lab, fil, retriever, base.replace(stop_at_pool=1)).run(questions)
     for a, b in zip(off, on):
-        assert b.trace[0]["chunks"] == a.trace[0]["chunks"]  # hop 0 is the same
-        if any(c["tag"] == "<Continue>" for c in a.trace[0]["chunks"]):
-            assert b.iterations == 1 and b.trace[0]["stop"] == "pool_full" and b.trace[0]["next_queries"] == []
+        assert b.hops[0]["chunks"] == a.hops[0]["chunks"]  # hop 0 is the same
+        if any(c["tag"] == "<Continue>" for c in a.hops[0]["chunks"]):
+            assert b.iterations == 1 and b.hops[0]["stop"] == "pool_full" and b.hops[0]["next_queries"] == []
             assert [c.id for c in b.chunks] == [c.id for c in a.chunks if c.hop == 0]
     assert n_pairs(on) < n_pairs(off)
 

@@ -368,7 +368,7 @@ def test_pipeline_output_and_options(electra, sample_corpus, tmp_path):
     read = IRRRPipeline(bm25, irrr_model=model, k=2, irrr_max_path=2, generator=generator).run("Who directed the film?")
     row = read.to_row()
     assert row["answer"] == "from the generator" and row["irrr_answer"] == out["answer"]
-    assert seen == [row["retrieved"]] and row["generator"] == {"reader": "test"} and row["llm_calls"] == 0
+    assert seen == [row["retrieved"]] and row["generation"] == {"reader": "test"} and row["llm_calls"] == 0
 
 
 def test_cli_irrr_data_and_eval(electra, tmp_path, capsys):
@@ -398,12 +398,12 @@ def test_cli_irrr_data_and_eval(electra, tmp_path, capsys):
                  "--output", str(tmp_path / "f")]) == 0
     rows = [json.loads(line) for line in (tmp_path / "f" / "predictions.jsonl").read_text().splitlines()]
     for r in rows:
-        read = {c for step in r["trace"] for c in step["candidates"]}
-        assert len(r["trace"][0]["candidates"]) == 5 and len(r["retrieved"]) == min(6, len(read)) > 3
-        paper = outcome(r["trace"])["retrieved"]  # the path and the answer's paragraph, then the fill
+        read = {c for step in r["trace"]["hops"] for c in step["candidates"]}
+        assert len(r["trace"]["hops"][0]["candidates"]) == 5 and len(r["retrieved"]) == min(6, len(read)) > 3
+        paper = outcome(r["trace"]["hops"])["retrieved"]  # the path and the answer's paragraph, then the fill
         assert r["retrieved"][:len(paper)] == paper
         fill = r["retrieved"][len(paper):]
-        order = [c for st in r["trace"] for c in st["candidates"]]  # retrieval order: step 1's candidates first
+        order = [c for st in r["trace"]["hops"] for c in st["candidates"]]  # retrieval order: step 1's candidates first
         assert fill == sorted(fill, key=order.index)
 
 

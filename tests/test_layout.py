@@ -6,6 +6,7 @@ so a cycle hidden behind a lazy import is still a cycle.
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,3 +85,69 @@ def test_effrag_imports_neither_scripts_nor_data_synthesis():
         if bad:
             offenders[m] = bad
     assert not offenders, offenders  # the quickstart runs `effrag synthesize` through the CLI's subcommand list
+
+
+# ---------------------------------------------------------------------- imports by name: strings and registries
+OUTSIDE = ("scripts", "data_synthesis")
+
+
+def _string_imports(path: Path) -> set[str]:
+    """Module names a file loads by name: ``importlib.import_module("x.y")`` / ``__import__`` arguments, and every
+    ``"x.y:func"`` / ``"x.y"`` string naming a module of the project's top-level packages (a registry entry)."""
+    found = set()
+    tops = ("effrag", *OUTSIDE)
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) and \
+                isinstance(node.args[0].value, str):
+            name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+            if name in ("import_module", "__import__", "find_spec"):
+                found.add(node.args[0].value)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value.split(":", 1)[0]
+            if text.split(".")[0] in tops and "." in text and " " not in text and "/" not in text:
+                found.add(text)
+    return found
+
+
+def test_string_imports_test_finds_a_planted_one(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text('import importlib\nSUB = ["data_synthesis.cli:add_x_parser"]\n'
+                 'importlib.import_module("scripts.bench")\nNOTE = "see data_synthesis for details"\n')
+    assert _string_imports(f) == {"data_synthesis.cli", "scripts.bench"}
+
+
+def test_effrag_loads_nothing_outside_itself_by_name_either():
+    offenders = {m: bad for m, f in _modules().items()
+                 if (bad := {t for t in _string_imports(f) if t.split(".")[0] in OUTSIDE})}
+    assert not offenders, offenders  # other packages' commands come in through the effrag.commands entry points
+
+
+def test_the_name_based_registries_name_modules_of_effrag_that_exist():
+    """The CLI's subcommands, the pipeline registry and the framework adapters are resolved by name at run time:
+    every name is an effrag module (a file here), never one of another package."""
+    from effrag import cli, integrations
+    from effrag.pipelines import base
+
+    mods = _modules()
+    subcommands = [spec.split(":")[0] for spec in cli.SUBCOMMANDS]
+    pipelines = list(base.KNOWN_MODULES.values())
+    adapters = [f"effrag.integrations.{m}" for m in integrations._ADAPTERS.values()]
+    for name in subcommands + pipelines + adapters:
+        assert name in mods, f"{name}: named in a registry but not a module of effrag"
+    for spec in cli.SUBCOMMANDS:
+        module, func = spec.split(":")
+        assert callable(getattr(importlib.import_module(module), func, None)), spec
+    # every pipeline module the registry can scan registers itself from inside effrag.pipelines
+    registered = [m for m, f in mods.items() if m.startswith("effrag.pipelines.") and
+                  "@register_pipeline(" in f.read_text(encoding="utf-8")]
+    assert set(pipelines) <= set(registered)
+
+
+def test_the_entry_point_group_is_the_one_way_in_from_data_synthesis():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    commands = project["entry-points"]["effrag.commands"]
+    assert commands and all(v.split(".")[0] == "data_synthesis" for v in commands.values())
+    cli = (ROOT / "effrag" / "cli.py").read_text(encoding="utf-8")
+    assert 'entry_points(group=COMMAND_GROUP)' in cli and 'COMMAND_GROUP = "effrag.commands"' in cli

@@ -67,11 +67,11 @@ def test_options_in_code_and_flags_follow_the_same_rule(tiny_efficientrag_dirs, 
     def no_models(*a, **kw):
         raise AssertionError("models were loaded before the options were checked")
 
-    import effrag.api
+    import effrag.pipelines.efficientrag_pipeline as pipeline
 
     f = _write(tmp_path, {"config": {"tag_threshold": 7.5}})
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(effrag.api, "load_models", no_models)
+        m.setattr(pipeline, "load_models", no_models)
         with pytest.raises(ValueError, match=rf"^{f}: config\.tag_threshold must be a number from 0 to 1, got 7\.5$"):
             EfficientRAG.from_pretrained(tiny_efficientrag_dirs["labeler"], tiny_efficientrag_dirs["filter"],
                                          retriever=lambda qs, k: [[] for _ in qs], config=str(f))

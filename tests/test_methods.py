@@ -251,7 +251,7 @@ def reader(tmp_path_factory):
 
     from effrag.models.reader import ExtractiveReader
     from effrag.training import load_config, train
-    from effrag.training.tasks.reader import write_reader_data
+    from data_synthesis.reader_records import write_reader_data
 
     if (READER_CKPT / "heads.safetensors").is_file():
         return ExtractiveReader.from_pretrained(READER_CKPT)

@@ -94,7 +94,7 @@ def test_rank_order_is_ranker_logit_minus_weighted_log_rank(models, retriever, h
             assert len(r.chunks) >= 8 and all(c.rank_score is not None and c.retrieval_rank is not None for c in r)
             keys = [_relevance(c, weight) for c in r.chunks]
             assert keys == sorted(keys, reverse=True)
-            logged = {c["id"]: c["rank_score"] for e in r.trace for c in e["chunks"]}
+            logged = {c["id"]: c["rank_score"] for e in r.hops for c in e["chunks"]}
             assert all(logged[c.id] == pytest.approx(c.rank_score, abs=1e-4) for c in r)
     hop0 = [c for c in loop.run(qs[:1])[0].chunks if c.hop == 0]
     assert sorted(c.retrieval_rank for c in hop0) == list(range(8))  # the question's hits, in rank order
@@ -115,16 +115,16 @@ def test_labeler_top_reads_only_the_best_ranked_new_chunks(models, retriever, ho
     top, n_top = _loop(models, retriever, labeler_top=2)
     res_full, res_top = full.run(qs), top.run(qs)
     assert n_top["ranker"].pairs == n_full["ranker"].pairs  # the ranker still reads every new chunk
-    hops = sum(len(r.trace) for r in res_top)
+    hops = sum(len(r.hops) for r in res_top)
     assert n_top["labeler"].pairs == 2 * hops < n_full["labeler"].pairs
     for r in res_top:
-        for e in r.trace:
+        for e in r.hops:
             read = [c for c in e["chunks"] if c["p_continue"] is not None]
             unread = [c for c in e["chunks"] if c["p_continue"] is None]
             assert len(read) == 2 and all(c["tag"] is None and c["kept"] == "" for c in unread)
             assert min(c["rank_score"] for c in read) >= max((c["rank_score"] for c in unread), default=-1e9)
     # hop 0 is the same retrieval and the same ranker scores in both runs
-    assert [c["id"] for c in res_top[0].trace[0]["chunks"]] == [c["id"] for c in res_full[0].trace[0]["chunks"]]
+    assert [c["id"] for c in res_top[0].hops[0]["chunks"]] == [c["id"] for c in res_full[0].hops[0]["chunks"]]
 
 
 def test_rescore_top_reads_seen_chunks_again_under_later_queries(models, retriever, hotpot):
@@ -132,12 +132,12 @@ def test_rescore_top_reads_seen_chunks_again_under_later_queries(models, retriev
     plain, n_plain = _loop(models, retriever, labeler_top=2)
     again, n_again = _loop(models, retriever, labeler_top=2, rescore_top=6)
     res_plain, res_again = plain.run(qs), again.run(qs)
-    rescored = [c for r in res_again for e in r.trace[1:] for c in e.get("rescored", [])]
+    rescored = [c for r in res_again for e in r.hops[1:] for c in e.get("rescored", [])]
     assert rescored and n_again["ranker"].pairs == n_plain["ranker"].pairs + len(rescored)
-    assert not any("rescored" in e for r in res_again for e in r.trace[:1])  # hop 0 has nothing seen before
+    assert not any("rescored" in e for r in res_again for e in r.hops[:1])  # hop 0 has nothing seen before
     for r in res_again:
         best = {}
-        for e in r.trace[1:]:
+        for e in r.hops[1:]:
             for c in e.get("rescored", []):
                 best[c["id"]] = max(c["rank_score"], best.get(c["id"], -1e9))
         keys = [max(c.rank_score, best.get(c.id, -1e9)) - math.log1p(c.retrieval_rank) for c in r.chunks]

@@ -18,7 +18,8 @@ from effrag.data import sample_path  # noqa: E402
 from effrag.models import ExtractiveReader, load_model  # noqa: E402
 from effrag.training import evaluate_only, load_config, train  # noqa: E402
 from effrag.training.data import RecordError, read_jsonl  # noqa: E402
-from effrag.training.tasks.reader import check_reader_record, write_reader_data  # noqa: E402
+from data_synthesis.reader_records import write_reader_data  # noqa: E402
+from effrag.training.tasks.reader import check_reader_record  # noqa: E402
 
 DATASETS = ("hotpotqa", "2wikimqa", "musique")
 
@@ -54,8 +55,8 @@ def test_records_from_dataset_files_are_spans_and_no_answer_documents(data):
 
 def test_joint_records_come_one_per_distractor_count(tmp_path):
     from effrag.data import load_questions
-    from effrag.models.reader import PASSAGE_SEPARATOR, passage_text
-    from effrag.training.tasks.reader import build_reader_examples
+    from effrag.text import PASSAGE_SEPARATOR, reader_passage
+    from data_synthesis.reader_records import build_reader_examples
 
     questions = load_questions(sample_path("hotpotqa", "train"), limit=5)
     joint = lambda recs: [r for r in recs if PASSAGE_SEPARATOR in r["context"]]  # noqa: E731
@@ -65,7 +66,7 @@ def test_joint_records_come_one_per_distractor_count(tmp_path):
     assert len(answering(three)) == 3 * len(answering(one)) > 0
     assert len(joint(three)) - len(answering(three)) == len(joint(one)) - len(answering(one))  # no-answer: once
     for q in questions:  # the 0-distractor copy is exactly the gold passages (any order): oracle reading's input
-        gold = sorted(passage_text(p.title, p.text) for p in q.gold)
+        gold = sorted(reader_passage(p.title, p.text) for p in q.gold)
         assert any(sorted(r["context"].split(PASSAGE_SEPARATOR)) == gold for r in answering(three)
                    if r["question"] == q.question)
 

@@ -158,7 +158,7 @@ def test_retrieve_single_and_batch_match_the_retriever(server, bm25, questions):
     hits = bm25.search([questions[0]], 5)[0]
     assert [c["id"] for c in res[0]["chunks"]] == [h.id for h in hits]
     assert [c["title"] for c in res[0]["chunks"]] == [h.title for h in hits]
-    assert res[0]["trace"][0]["retrieved"] == [h.id for h in hits]
+    assert res[0]["trace"]["hops"][0]["retrieved"] == [h.id for h in hits]
     top3 = post(server, "/retrieve", {"question": questions[0], "top_k": 3, "include_trace": False}).json()
     assert [c["id"] for c in top3["results"][0]["chunks"]] == [h.id for h in bm25.search([questions[0]], 3)[0]]
     assert "trace" not in top3["results"][0]
@@ -571,7 +571,7 @@ def test_efficientrag_server_retrieve_and_thresholds(tmp_path, model_dirs, bm25,
             assert [c["id"] for c in got["chunks"]] == exp.ids
             assert [c["kept_words"] for c in got["chunks"]] == [c.kept_words for c in exp]
             assert [c["hop"] for c in got["chunks"]] == [c.hop for c in exp]
-            assert json.loads(json.dumps(exp.trace)) == got["trace"]
+            assert json.loads(json.dumps(exp.trace_json())) == got["trace"]
         assert any(c["kept_words"] for r in res for c in r["chunks"])
         none = post(srv, "/retrieve", {"question": questions[0], "tag_threshold": 1.0}).json()["results"][0]
         all_ = post(srv, "/retrieve", {"question": questions[0], "tag_threshold": 0.0}).json()["results"][0]

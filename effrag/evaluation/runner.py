@@ -4,7 +4,8 @@ Output folder:
 - ``predictions.jsonl``: one row per question, appended and flushed as it finishes,
   so a killed run (hours of LLM calls) resumes where it stopped; a row is the question's
   ``qid``, ``dataset``, ``question``, ``gold``, ``answers`` and ``latency_s``, then the method's
-  :meth:`Result.to_row() <effrag.pipelines.result.Result.to_row>` fields;
+  :meth:`Result.to_row() <effrag.pipelines.result.Result.to_row>` fields (:mod:`.predictions` writes and
+  reads them);
 - ``metrics.json`` / ``metrics.md``: aggregates, one entry per k for methods whose
   rankings nest (``pipeline.slice_k``), else one entry;
 - ``config.json``: the run config, package versions and seed.
@@ -22,6 +23,7 @@ from typing import Any, Sequence
 from effrag.pipelines.result import Result
 
 from .metrics import answer_rule, cover_em, exact_match, f1, recall
+from .predictions import write_row
 from .report import write_metrics_md
 
 log = logging.getLogger(__name__)
@@ -125,8 +127,7 @@ def evaluate(pipeline, questions: Sequence, gold_ids: Sequence[list[str]], outpu
                 if not isinstance(res, Result):
                     raise TypeError(f"method {pipeline.name!r} returned a {type(res).__name__}; a pipeline returns "
                                     "effrag.pipelines.Result objects")
-                rows.append({"qid": q.id, "dataset": q.dataset, "question": q.question, "gold": list(gold),
-                             "answers": list(q.answers), "latency_s": per_q, **res.to_row()})
+                rows.append(write_row(q, gold, res, per_q))
             done.extend(rows)
             bar.update(len(batch))
 

@@ -6,10 +6,10 @@ adapter (and ``effrag serve``) the same call,
 (:class:`effrag.pipelines.Result`: ranked chunks with scores, hops and kept words, the trace,
 iterations, LLM usage, the answer when the method gives one):
 
-* an :class:`effrag.EfficientRAG` (or any object with ``retrieve_batch``/``retrieve``
-  returning results, or chunk lists whose items carry ``id, title, text, score`` and
-  optionally ``hop, kept_words``);
-* a registered pipeline (``effrag.pipelines.build_pipeline(...)``; ``run``/``run_batch``);
+* a registered pipeline (``effrag.pipelines.build_pipeline(...)``; ``run``/``run_batch``), of which
+  :class:`effrag.EfficientRAG` is one;
+* any object with ``retrieve_batch``/``retrieve`` returning results, or chunk lists whose items carry
+  ``id, title, text, score`` and optionally ``hop, kept_words``;
 * a retriever with ``search(queries, k)`` (BM25, dense, hybrid, a user's own), or a
   plain function ``fn(queries, k)``.
 
@@ -20,10 +20,9 @@ The framework adapters import their framework only when used (optional extras):
 from __future__ import annotations
 
 import threading
-from dataclasses import fields
 from typing import Any, Sequence
 
-from effrag.pipelines.efficientrag import EfficientRAGConfig
+from effrag.pipelines.base import Pipeline
 from effrag.pipelines.result import Chunk, Result
 
 __all__ = ["ChunkSource", "as_source", "chunk_content", "chunk_metadata", "CONTENT_MODES",
@@ -32,9 +31,6 @@ __all__ = ["ChunkSource", "as_source", "chunk_content", "chunk_metadata", "CONTE
 # What a framework document holds as its text: the passage, "title: passage", or the
 # Labeler's kept words (EfficientRAG's compressed context; the passage when nothing was kept).
 CONTENT_MODES = ("text", "title_text", "kept_words")
-# Per-call options an EfficientRAG source accepts (fields of EfficientRAGConfig).
-EFFICIENTRAG_OPTIONS = frozenset(f.name for f in fields(EfficientRAGConfig))
-
 
 def chunk_content(chunk: Chunk, mode: str = "text") -> str:
     if mode == "kept_words" and chunk.kept_words:
@@ -60,11 +56,10 @@ class ChunkSource:
     """Anything effrag retrieves with, behind ``retrieve_batch(questions, top_k=None, **options)``.
 
     ``k`` is the depth asked of a plain ``search`` retriever; ``top_k`` per call
-    overrides it (search) or truncates the ranked list (EfficientRAG, pipelines:
-    their pool size is decided by the method). ``options`` are EfficientRAG loop
-    settings for this call only (``tag_threshold=``, ``max_hops=``, ...), accepted by any
-    source whose ``config`` is an :class:`EfficientRAGConfig`. Calls are serialised by a
-    lock, because per-call options swap the method's config.
+    overrides it (search) or truncates the ranked list (pipelines: their pool size is decided by the
+    method). ``options`` are settings for this call only, those the pipeline declares
+    (:attr:`~effrag.pipelines.Pipeline.call_options`; EfficientRAG's loop settings: ``tag_threshold=``,
+    ``max_hops=``, ...). Calls are serialised by a lock, because per-call options swap the method's config.
     """
 
     def __init__(self, obj: Any, *, k: int = 10):
@@ -74,7 +69,9 @@ class ChunkSource:
             raise ValueError(f"k must be >= 1, got {k}")
         self.obj, self.k = obj, k
         self._lock = threading.RLock()
-        if callable(getattr(obj, "retrieve_batch", None)) or callable(getattr(obj, "retrieve", None)):
+        if isinstance(obj, Pipeline):
+            self.kind = "pipeline"
+        elif callable(getattr(obj, "retrieve_batch", None)) or callable(getattr(obj, "retrieve", None)):
             self.kind = "retrieve"
         elif callable(getattr(obj, "run_batch", None)) or callable(getattr(obj, "run", None)):
             self.kind = "pipeline"
@@ -85,27 +82,24 @@ class ChunkSource:
 
             self.obj, self.kind = FunctionRetriever(obj), "search"
         else:
-            raise TypeError(f"cannot retrieve with a {type(obj).__name__}: expected an EfficientRAG, a pipeline "
-                            "(run/run_batch), an object with retrieve(question) or search(queries, k), or a function")
-        # EfficientRAG (the API object or the registered pipeline) takes per-call loop options
-        self._config_holder = obj if isinstance(getattr(obj, "config", None), EfficientRAGConfig) else None
+            raise TypeError(f"cannot retrieve with a {type(obj).__name__}: expected a pipeline (run/run_batch; "
+                            "EfficientRAG is one), an object with retrieve(question) or search(queries, k), or a "
+                            "function")
 
     # ------------------------------------------------------------------ description
     @property
     def options(self) -> frozenset[str]:
-        """Names of the per-call options this source accepts."""
-        return EFFICIENTRAG_OPTIONS if self._config_holder is not None else frozenset()
+        """Names of the per-call options this source accepts (what its pipeline declares)."""
+        return frozenset(getattr(self.obj, "call_options", ())) if self.kind == "pipeline" else frozenset()
 
     @property
     def method(self) -> str:
-        if self._config_holder is not None:
-            return "efficientrag"
         return getattr(self.obj, "name", None) if self.kind == "pipeline" else self.kind
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.method, "kind": self.kind, "object": type(self.obj).__name__}
-        if self._config_holder is not None:
-            out["config"] = self._config_holder.config.to_json()
+        if self.options:
+            out["config"] = self.obj.config.to_json()
         if self.kind == "search":
             out["k"] = self.k
         return out
@@ -131,15 +125,14 @@ class ChunkSource:
         if not questions:
             return []
         with self._lock:
-            holder = self._config_holder
-            saved = holder.config if holder is not None else None
+            saved = self.obj.config if options else None
             try:
                 if options:
-                    holder.config = saved.replace(**options)
+                    self.obj.config = saved.replace(**options)
                 results = self._run(questions, top_k)
             finally:
                 if options:
-                    holder.config = saved
+                    self.obj.config = saved
         if top_k is not None:
             for r in results:
                 r.chunks = r.chunks[:top_k]
@@ -149,7 +142,7 @@ class ChunkSource:
         if self.kind == "search":
             hits = self.obj.search(questions, top_k or self.k)
             return [Result(q, [Chunk.from_hit(h, query=q) for h in hs],
-                           trace=[{"hop": 0, "queries": [q], "retrieved": [h.id for h in hs]}])
+                           hops=[{"hop": 0, "queries": [q], "retrieved": [h.id for h in hs]}])
                     for q, hs in zip(questions, hits)]
         if self.kind == "retrieve":
             if callable(getattr(self.obj, "retrieve_batch", None)):

@@ -59,22 +59,24 @@ class EffragHaystackRetriever:
     @classmethod
     def from_paths(cls, index: str, labeler: str | None = None, filter: str | None = None,  # noqa: A002
                    loop_config: str | None = None, top_k: int | None = None, content: str = "text",
-                   options: dict[str, Any] | None = None, k: int = 10) -> "EffragHaystackRetriever":
-        """A component over a saved index (``effrag index build``), with EfficientRAG when both checkpoints are given."""
-        from effrag.retrieval import load_retriever
+                   options: dict[str, Any] | None = None, k: int = 10, *, model: str | None = None,
+                   method: str | None = None) -> "EffragHaystackRetriever":
+        """A component over a saved index (``effrag index build``) and, by name, a registered method over it
+        (``method``; its checkpoints: ``model``, a system folder or shipped name, or ``labeler``/``filter`` and a
+        ``loop_config`` file, which are EfficientRAG's and pick it when ``method`` is not given). Without them:
+        plain retrieval."""
+        from effrag.pipelines import build_pipeline
+        from effrag.setup import RunSetup
 
-        if (labeler is None) != (filter is None):
-            raise ValueError("EfficientRAG needs both labeler and filter (or neither, for plain retrieval)")
-        retriever = load_retriever(index)
-        source: Any = retriever
-        if labeler is not None:
-            from effrag.api import EfficientRAG
-
-            source = EfficientRAG.from_pretrained(labeler, filter, retriever=retriever, config=loop_config)
+        retriever = RunSetup.build(index=index, retriever=None).retriever
+        paths = {"model": model, "labeler": labeler, "filter": filter, "er_config": loop_config}
+        method_options = {key: str(v) for key, v in paths.items() if v is not None}
+        method = method or ("efficientrag" if method_options else None)
+        source: Any = build_pipeline(method, retriever, **method_options) if method else retriever
         obj = cls(source, top_k=top_k, content=content, options=options, k=k)
         obj._paths = {"index": str(index), "labeler": labeler and str(labeler), "filter": filter and str(filter),
                       "loop_config": loop_config and str(loop_config), "top_k": top_k, "content": content,
-                      "options": dict(options or {}), "k": k}
+                      "options": dict(options or {}), "k": k, "model": model and str(model), "method": method}
         return obj
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,7 +93,7 @@ class EffragHaystackRetriever:
     @component.output_types(documents=list[Document], trace=Any)
     def run(self, query: str, top_k: int | None = None) -> dict[str, Any]:
         result = self.source.retrieve(query, top_k=top_k or self.top_k, **self.options)
-        return {"documents": to_haystack_documents(result, self.content), "trace": result.trace}
+        return {"documents": to_haystack_documents(result, self.content), "trace": result.trace_json()}
 
     @component.output_types(documents=list[Document], trace=Any)
     async def run_async(self, query: str, top_k: int | None = None) -> dict[str, Any]:

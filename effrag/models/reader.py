@@ -32,6 +32,7 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from ..evaluation.metrics import normalize_answer
+from ..text import PASSAGE_SEPARATOR
 from .heads import DEFAULT_OPTIONS, EncoderWithHeads
 from .spans import span_band
 from .tokenization import IGNORE  # a target the loss skips: spans of yes/no examples, types of no-answer ones
@@ -328,14 +329,6 @@ def decode_span(question: str, window: WindowLogits, max_answer_tokens: int = MA
             best = (score, c0, c1)
     score, c0, c1 = best
     return ReaderAnswer(w.document[c0:c1], w.confidence, c0, c1, score, answer_type)
-
-
-PASSAGE_SEPARATOR = "\n"  # between packed passages, in training records and at reading time alike
-
-
-def passage_text(title: str, text: str) -> str:
-    """How the reader sees one passage: ``"title: text"`` (the title often names the answer's entity)."""
-    return f"{title}: {text}" if title else text
 
 
 def load_reader_checkpoint(path: "str | Path") -> ExtractiveReader:

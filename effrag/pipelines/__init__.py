@@ -6,7 +6,7 @@ subclass decorated ``@register_pipeline("<name>")`` whose ``run`` returns a
 """
 from .base import (Pipeline, available_pipelines, build_pipeline, get_pipeline_class, llm_options, reader_options,
                    register_pipeline)
-from .result import Chunk, Result
+from .result import Chunk, Hop, Result
 
-__all__ = ["Pipeline", "Result", "Chunk", "register_pipeline", "build_pipeline", "get_pipeline_class",
+__all__ = ["Pipeline", "Result", "Chunk", "Hop", "register_pipeline", "build_pipeline", "get_pipeline_class",
            "available_pipelines", "llm_options", "reader_options"]

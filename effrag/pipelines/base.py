@@ -21,7 +21,7 @@ KNOWN_MODULES = {
     "direct-r": "effrag.pipelines.direct_r",
     "direct": "effrag.pipelines.direct",
     "direct-llm": "effrag.pipelines.direct",
-    "efficientrag": "effrag.pipelines.efficientrag",
+    "efficientrag": "effrag.pipelines.efficientrag_pipeline",
     "irrr": "effrag.pipelines.irrr",
     "ircot": "effrag.pipelines.ircot",
 }
@@ -51,6 +51,10 @@ class Pipeline:
     (``dataset=``, e.g. to pick few-shot prompts); ``uses_reader``: an extractive reader
     checkpoint of its own (``reader=``, SearChain's verifier). :func:`reader_options` turns
     ``effrag eval --reader DIR`` into ``reader=`` or an LLM-free ``generator=``.
+
+    ``call_options`` names the fields of the method's ``config`` a caller may change for one call (the
+    adapters' options, ``effrag serve``'s per-request thresholds: ``config.replace(**options)``); empty for a
+    method without them.
     """
 
     name = "pipeline"
@@ -59,6 +63,7 @@ class Pipeline:
     uses_generator = False
     uses_dataset = False
     uses_reader = False
+    call_options: frozenset[str] = frozenset()
 
     def run(self, question: str) -> Result:
         raise NotImplementedError
@@ -74,6 +79,17 @@ class Pipeline:
     def check_options(cls, **opts: Any) -> None:
         """Raise ValueError on bad method options before any corpus or index is built (default: checked in
         ``__init__`` only)."""
+
+    @classmethod
+    def check_file_options(cls, checkpoints: dict[str, Any], options: dict[str, Any], where: str,
+                           prefix: str = "method.") -> None:
+        """The checkpoints (``model``, ``labeler``, ...) and options a config file gives the method (``effrag
+        serve``'s serve.yaml), checked at start-up: one error naming the file (``where``) and the key (under
+        ``prefix``). Default: :meth:`check_options` on them."""
+        try:
+            cls.check_options(**{k: v for k, v in checkpoints.items() if v is not None}, **options)
+        except ValueError as e:
+            raise ValueError(f"{where}: {prefix}options: {e}") from None
 
     @classmethod
     def default_retriever(cls, **opts: Any) -> str | None:

@@ -37,5 +37,5 @@ class DirectR(Pipeline):
         hits = self.retriever.search(list(questions), self.k)
         results = [Result(q, [Chunk.from_hit(h, query=q) for h in hs]) for q, hs in zip(questions, hits)]
         for r, reply in zip(results, answer_results(self.generator, results)):
-            r.trace = reply.get("trace")
+            r.generation = reply.get("trace")
         return results

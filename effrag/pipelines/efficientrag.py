@@ -17,8 +17,9 @@ one retriever call per distinct ``k`` per hop); every question's result depends
 only on its own inputs, so batched and one-at-a-time runs agree.
 
 The loop gives each question a :class:`~.result.Result` whose chunks are the candidate pool
-(``score`` = p(<Continue>), ``kept_words`` = the Labeler's) and whose ``trace`` is the per-hop
-record; the registered pipeline nests that record under ``"hops"`` beside the answer generation's.
+(``score`` = p(<Continue>), ``kept_words`` = the Labeler's) and whose ``hops`` are the per-hop
+records (:class:`~.result.Hop`). The registered pipeline, which is also the public ``effrag.EfficientRAG``,
+is :mod:`.efficientrag_pipeline`.
 """
 from __future__ import annotations
 
@@ -26,16 +27,13 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Sequence
 
 from effrag.text import chunk_text, filter_input_words, join_words, words, words_batch
 
-from .base import Pipeline, register_pipeline
 # the loop's options live in their own module; importing them from here keeps working
-from .efficientrag_config import (CONTINUE, DEDUP_MODES, POOL_ORDERS, POOL_SOURCES, QUERY_MODES, RANK_QUERIES,
-                                  TERMINATE, EfficientRAGConfig, build_config)
-from .generation import answer_results
+from .efficientrag_config import (CONTINUE, DEDUP_MODES, POOL_ORDERS, POOL_SOURCES, QUERY_MODES,  # noqa: F401
+                                  RANK_QUERIES, TERMINATE, EfficientRAGConfig, build_config)
 from .result import Chunk, Result
 
 def _logit(p: float, eps: float = 1e-6) -> float:
@@ -365,7 +363,7 @@ class EfficientRAGLoop:
         extra = {"requery_scores": {c.id: requery[c.id] for c in pool if c.id in requery}} if cfg.requery_weight else {}
         if cfg.relabel_weight:
             extra["relabel_scores"] = {c.id: s.relabels[c.id] for c in pool if c.id in s.relabels}
-        return Result(question=s.question, chunks=pool, trace=s.trace, iterations=s.iterations, timing=timing,
+        return Result(question=s.question, chunks=pool, hops=s.trace, iterations=s.iterations, timing=timing,
                       extra=extra)
 
 
@@ -416,42 +414,6 @@ def int8_copy(model):
     return q.eval()
 
 
-# ---------------------------------------------------------------------- the registered pipeline
-
-_FLAGS = {  # effrag eval flag -> (type, help); dest = config field (except --er-batch-size -> batch_size)
-    "--hop-k": (int, "chunks retrieved per query per hop (default 10)"),
-    "--first-hop-k": (int, "chunks retrieved for the question at hop 0 (default: --hop-k)"),
-    "--max-hops": (int, "retrieval rounds, hop 0 included (default 4)"),
-    "--tag-threshold": (float, "p(<Continue>) needed to keep a chunk and go on (default 0.5)"),
-    "--token-threshold": (float, "keep probability of a chunk word (default 0.5)"),
-    "--filter-threshold": (float, "keep probability of a next-query word (default 0.5)"),
-    "--query-mode": (str, "merged: one next query per hop; per_chunk: one per <Continue> chunk"),
-    "--dedup": (str, "refill: up to hop-k unseen chunks per query; drop: seen chunks just leave the top hop-k"),
-    "--max-branches": (int, "per_chunk mode: next queries per question per hop (default 4)"),
-    "--max-candidates": (int, "cap on the candidate pool (default: none)"),
-    "--min-candidates": (int, "top up the pool with the likeliest <Terminate> chunks (default 0)"),
-    "--pool-order": (str, "hop: earlier hop, then p(<Continue>); fused: p(<Continue>) + weight x retrieval score; "
-                    "fused_logit: logit p(<Continue>) + weight x retrieval score; rank: the ranker's logit - "
-                    "weight x log(1 + retrieval rank)"),
-    "--pool-source": (str, "continue: pool of <Continue> chunks (paper); seen: rank every chunk the Labeler read"),
-    "--retrieval-weight": (float, "pool-order fused: weight of the retriever's score (default 1.0)"),
-    "--requery-weight": (float, "pool-order fused: weight of a chunk's best score under the later hops' queries "
-                         "(default 0: off)"),
-    "--relabel-weight": (float, "pool-order fused: weight of a chunk's best p(<Continue>) when the Labeler rereads "
-                         "it under a later hop's query (default 0: off)"),
-    "--query-chunks": (int, "merged queries: <Continue> chunks (most confident first) whose kept words feed the "
-                       "next query (default: all)"),
-    "--er-batch-size": (int, "Labeler/Filter forward batch size (default 32)"),
-    "--labeler-max-length": (int, "Labeler input length in sub-tokens (default: the trained length)"),
-    "--stop-at-pool": (int, "end a question's loop once its pool holds this many <Continue> chunks (default: off)"),
-    "--labeler-top": (int, "with --ranker: the Labeler reads only each hop's N best-ranked new chunks (default: all)"),
-    "--rescore-top": (int, "with --ranker: it reads again, under a later hop's query, the earlier chunks among that "
-                      "query's top N hits (default 0: off)"),
-    "--rank-query": (str, "with --ranker: what it reads a later hop's chunks under, the hop's query (query) or the "
-                     "Filter's input, query + Info: kept words (info)"),
-}
-
-
 def load_models(labeler, filter_model, device: str | None = None, ranker=None):
     """Labeler and Filter (and, when given, the pool ranker) from checkpoint directories, on ``device``
     (default: CUDA when present). Models given as objects pass through where they are. Returns
@@ -471,116 +433,3 @@ def load_models(labeler, filter_model, device: str | None = None, ranker=None):
     if path(ranker):
         ranker = RankerModel.from_pretrained(ranker).to(device)
     return labeler.eval(), filter_model.eval(), ranker.eval()
-
-
-loop_config = property(lambda self: self.loop.config, lambda self, cfg: setattr(self.loop, "config", cfg),
-                       doc="The loop's options (assigning a new config changes the loop's); shared by every "
-                           "object that wraps an :class:`EfficientRAGLoop` as ``self.loop``.")
-
-
-@register_pipeline("efficientrag", aliases=("efficient-rag",))
-class EfficientRAGPipeline(Pipeline):
-    """EfficientRAG retrieval, plus one generator call per question when ``generator`` is given.
-
-    The models come from a system (``model``: a folder or a shipped name, :mod:`.efficientrag_system`; the
-    shipped ``efficientrag-all`` when neither ``model`` nor ``labeler``/``filter`` is given) or from
-    checkpoint folders (``labeler``, ``filter``, ``ranker``). The result's chunks are the candidate pool
-    (what the paper's Recall@K counts); ``trace`` is ``{"hops": [...], "generation": ...}``, ``timing``
-    the loop time split into retrieval / labeler / filter / other (and generation). ``config`` or
-    ``er_config`` (a JSON file; a system's ``loop.json`` by default) give the loop options; keyword options
-    (the ``effrag eval`` flags) override them. ``k`` (``effrag eval --k``) sets ``hop_k`` only when given:
-    a config file's ``hop_k`` is not silently replaced by the CLI's default. The pool ranker runs when the
-    config orders the pool by it (``pool_order: rank``).
-    """
-
-    k_in_config = True
-    uses_generator = True
-
-    def __init__(self, retriever, labeler=None, filter=None, config=None, generator=None,
-                 k: int | None = None, er_config: str | None = None, er_batch_size: int | None = None,
-                 er_bf16: bool | None = None, ranker=None, model=None, **options: Any):
-        named = ranker is not None
-        labeler, filter, ranker, config = self._resolve(model, labeler, filter, ranker, config or er_config)
-        config = self._config(config, k, er_batch_size, er_bf16, **options)
-        if not named and config.pool_order != "rank" and config.labeler_top is None:
-            ranker = None  # a system's own ranker only reads when the config ranks by it
-        models = load_models(labeler, filter, ranker=ranker)
-        self.loop = EfficientRAGLoop(models[0], models[1], retriever, config,
-                                     ranker=models[2] if ranker is not None else None)
-        self.generator = generator
-
-    @staticmethod
-    def _resolve(model, labeler, filter, ranker, config):
-        """``(labeler, filter, ranker, config)``: from the system ``model`` when no checkpoint is named."""
-        from .efficientrag_system import DEFAULT_SYSTEM, open_system
-
-        if labeler is None and filter is None:
-            system = open_system(model or DEFAULT_SYSTEM, config if isinstance(config, (str, Path)) else None)
-            return system.labeler, system.filter, ranker or system.ranker, config or system.config
-        if model is not None:
-            raise ValueError("give --model (a system) or --labeler/--filter (checkpoints), not both")
-        if labeler is None or filter is None:
-            raise ValueError("efficientrag needs both --labeler DIR and --filter DIR (or --model, a system folder)")
-        return labeler, filter, ranker, config
-
-    @staticmethod
-    def _config(config, k, er_batch_size, er_bf16, **options: Any) -> EfficientRAGConfig:
-        if k is not None and options.get("hop_k") is None:
-            options["hop_k"] = k
-        options.setdefault("bf16", er_bf16)
-        return build_config(config, batch_size=er_batch_size, **options)
-
-    @classmethod
-    def check_options(cls, labeler=None, filter=None, config=None, k=None, er_config=None, er_batch_size=None,
-                      er_bf16=None, ranker=None, model=None, **options: Any) -> None:
-        _, _, ranker, config = cls._resolve(model, labeler, filter, ranker, config or er_config)
-        if cls._config(config, k, er_batch_size, er_bf16, **options).labeler_top is not None and ranker is None:
-            raise ValueError("labeler_top needs a pool ranker (--ranker DIR, or a system folder with ranker/)")
-
-    @classmethod
-    def default_retriever(cls, labeler=None, filter=None, config=None, er_config=None, model=None,
-                          **options: Any) -> str | None:
-        """The retriever the loop config was tuned for (``effrag eval`` builds it when ``--retriever`` is not given)."""
-        from .efficientrag_system import config_retriever
-
-        config = cls._resolve(model, labeler, filter, None, config or er_config)[3]
-        return config_retriever(config) if isinstance(config, (str, Path)) else None
-
-    config = loop_config
-
-    @classmethod
-    def add_args(cls, parser) -> None:
-        g = parser.add_argument_group("efficientrag")
-        g.add_argument("--model", metavar="DIR|NAME", help="an EfficientRAG system: a folder with labeler/, filter/, "
-                       "[ranker/], loop.json (what the recipe writes) or a shipped name (default efficientrag-all "
-                       "when no --labeler is given); its loop.json and that config's retriever are the defaults")
-        g.add_argument("--labeler", metavar="DIR", help="trained Labeler checkpoint directory")
-        g.add_argument("--filter", metavar="DIR", help="trained Filter checkpoint directory")
-        g.add_argument("--ranker", metavar="DIR", help="trained pool ranker checkpoint directory (pool_order rank)")
-        g.add_argument("--er-config", metavar="JSON", help="loop config file (e.g. a system's loop-<dataset>.json)")
-        for flag, (typ, help_) in _FLAGS.items():
-            choices = {"--query-mode": QUERY_MODES, "--dedup": DEDUP_MODES, "--pool-order": POOL_ORDERS,
-                       "--pool-source": POOL_SOURCES, "--rank-query": RANK_QUERIES}.get(flag)
-            g.add_argument(flag, type=typ, default=None, choices=choices, help=help_)
-        g.add_argument("--er-int8", dest="int8", action="store_true", default=None,
-                       help="int8 dynamic quantization of the Labeler/Filter Linear layers (CPU)")
-        g.add_argument("--prune-last-hop", action="store_true", default=None,
-                       help="skip last-hop chunks that cannot enter the capped pool (exact)")
-        g.add_argument("--er-bf16", action="store_true", default=None, help="bf16 autocast for Labeler/Filter (fp32 on CPUs without native bf16)")
-
-    def run(self, question: str) -> Result:
-        return self.run_batch([question])[0]
-
-    def run_batch(self, questions: list[str]) -> list[Result]:
-        return with_answers(self.loop.run(list(questions)), self.generator)
-
-
-def with_answers(results: list[Result], generator: Any = None) -> list[Result]:
-    """Loop results as the registered pipeline returns them (in place): answered by ``generator`` when
-    given (:func:`.generation.answer_results`), the per-hop trace under ``"hops"`` beside the
-    generator's under ``"generation"``, and the generation time in ``timing``."""
-    for r, reply in zip(results, answer_results(generator, results)):
-        r.trace = {"hops": r.trace, **({"generation": reply["trace"]} if reply.get("trace") else {})}
-        if "latency_s" in reply:
-            r.timing["generation"] = reply["latency_s"]
-    return results

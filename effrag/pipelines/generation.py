@@ -172,10 +172,10 @@ class ReaderGenerator:
         self.together, self.context, self.batch_size = together, context, batch_size
 
     def __call__(self, question: str, chunks: Sequence[Any]) -> dict[str, Any]:
-        from effrag.models.reader import passage_text
+        from effrag.text import reader_passage
 
         t0 = time.perf_counter()
-        passages = [passage_text(_field(c, "title", "") or "", chunk_context(c, self.context)) for c in chunks]
+        passages = [reader_passage(_field(c, "title", "") or "", chunk_context(c, self.context)) for c in chunks]
         ans, window = self.reader.read(question, passages, self.together, self.batch_size)
         return {"answer": ans.answer, "llm_calls": 0, "latency_s": time.perf_counter() - t0,
                 "trace": {"reader": "extractive", "together": self.together, "context": self.context,

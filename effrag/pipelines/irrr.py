@@ -257,10 +257,11 @@ class IRRRPipeline(Pipeline):
                     first_read.setdefault(cid, (i, step["query"]))
             chunks = [Chunk.from_hit(r["passages"][cid], hop=first_read[cid][0], query=first_read[cid][1],
                                      score=r["answerability"]) for cid in r["retrieved"]]
-            results.append(Result(q, chunks, r["answer"], trace=r["steps"], iterations=r["iterations"],
+            results.append(Result(q, chunks, r["answer"], hops=r["steps"], iterations=r["iterations"],
                                   timing=r["timing"], extra={"paragraphs_read": r["paragraphs_read"]}))
         if self.generator is not None:  # the generator answers; IRRR's own answer stays in extra
             own = [res.answer for res in results]
             for res, mine, reply in zip(results, own, answer_results(self.generator, results)):
-                res.extra.update(irrr_answer=mine, generator=reply.get("trace"))
+                res.extra["irrr_answer"] = mine
+                res.generation = reply.get("trace")
         return results

@@ -3,15 +3,18 @@
 A retriever's ``search`` gives :class:`~effrag.retrieval.base.Hit` objects (id, title, text,
 score: what an index knows). A method turns the hits it keeps into chunks, which add what the
 method knows: the hop (retrieval round) that found each one, the query that did, and for
-EfficientRAG the Labeler's kept words. The same result object then serves every consumer: the
-evaluation runner writes ``result.to_row()`` to ``predictions.jsonl``, the framework adapters and
-``effrag serve`` read ``result.chunks`` and ``result.trace``, and the public API hands it to users
-(``for c in result``, ``result.ids``, ``result.trace``).
+EfficientRAG the Labeler's kept words. How it got there is typed the same way for every method: its
+retrieval rounds are :class:`Hop` records (``result.hops``), the answer step's record is
+``result.generation``, and whatever else the method records (an LLM method's chain) is ``result.trace``.
+The same result object then serves every consumer: the evaluation runner writes ``result.to_row()``
+to ``predictions.jsonl`` and :meth:`Result.from_row` reads it back, the framework adapters and ``effrag
+serve`` read ``result.chunks`` and ``result.trace_json()``, and the public API hands it to users
+(``for c in result``, ``result.ids``, ``result.hops``).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from effrag.text import join_words
 
@@ -70,17 +73,64 @@ class Chunk:
                    retrieval_score=float(get("retrieval_score", hit_score) or 0.0))
 
 
+class Hop(dict):
+    """One retrieval round of an iterative method, as the method recorded it (a dict: a row holds it as it is),
+    with typed accessors for what every such method records: the round's queries, the chunks it read, the next
+    queries and why it stopped.
+
+    EfficientRAG records ``{"hop", "queries", "retrieved": [[ids] per query], "skipped_seen", "chunks": [{"id",
+    "title", "query", "tag", "p_continue", "kept", "rank_score"?}], "filter_inputs", "next_queries", "stop"?,
+    "rescored"?, "pruned"?}``; IRRR a step ``{"query", "candidates": [ids], "answerability", "rerank", "best"?,
+    "appended"?, "stop"?}``; a plain search one round ``{"hop": 0, "queries": [question], "retrieved": [ids]}``.
+    """
+
+    @property
+    def queries(self) -> list[str]:
+        if "queries" in self:
+            return list(self["queries"])
+        return [self["query"]] if "query" in self else []
+
+    @property
+    def read(self) -> list[str]:
+        """Ids of the chunks the method read this round (EfficientRAG: the Labeler's pairs; IRRR: the candidates;
+        a plain search: its hits)."""
+        if "chunks" in self:
+            return [c["id"] for c in self["chunks"]]
+        if "candidates" in self:
+            return list(self["candidates"])
+        got = self.get("retrieved", [])
+        return [i for ids in got for i in ids] if got and isinstance(got[0], list) else list(got)
+
+    @property
+    def chunks(self) -> list[dict]:
+        """EfficientRAG: the record of each chunk the Labeler read (tag, p(<Continue>), kept words, ranker score)."""
+        return list(self.get("chunks", []))
+
+    @property
+    def next_queries(self) -> list[str]:
+        return list(self.get("next_queries", []))
+
+    @property
+    def stop(self) -> str | None:
+        return self.get("stop")
+
+
 @dataclass
 class Result:
     """One question's outcome, from any method.
 
     ``chunks`` are ranked best (or first retrieved) first; the result reads as the list of its
     chunks (``for c in result``, ``result[0]``, ``len(result)``; empty, it is falsy like an empty
-    list), which is what the public API's ``rag.retrieve(question)`` promises. ``answer`` is None for a retrieval-only run. ``trace`` is the
-    method's own record of how it got there (EfficientRAG: per hop the queries, tags, kept words and
-    next queries). ``iterations`` counts the method's rounds. ``timing`` splits the method's time
+    list), which is what the public API's ``rag.retrieve(question)`` promises. ``answer`` is None for a
+    retrieval-only run. ``hops`` are the method's retrieval rounds (:class:`Hop`: EfficientRAG's hops, IRRR's
+    steps); ``generation`` is the answer step's record (the LLM's raw output, or the extractive reader's
+    windows) when a generator answered; ``trace`` is the rest of the method's own record (an LLM method's chain,
+    its stop reason). ``iterations`` counts the method's rounds. ``timing`` splits the method's time
     (seconds) where it measures that. ``extra`` holds the method-specific fields of its predictions
     row (``parse_failures``, ``method_latency_s``, ``paragraphs_read``, ...), written as they are.
+
+    A ``trace`` given as a list of rounds, or as a dict with ``"hops"`` (the row form), is split into ``hops``
+    and the rest on construction, so every way of building a result ends in the same typed form.
     """
 
     question: str
@@ -93,6 +143,12 @@ class Result:
     completion_tokens: int = 0
     timing: dict[str, float] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    hops: list[Hop] = field(default_factory=list)
+    generation: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        hops, self.trace = _split_trace(self.trace)
+        self.hops = [h if isinstance(h, Hop) else Hop(h) for h in [*self.hops, *hops]]
 
     # ------------------------------------------------------------------ the chunks as a sequence
     def __iter__(self) -> Iterator[Chunk]:
@@ -112,6 +168,12 @@ class Result:
     def scores(self) -> list[float]:
         return [float(c.score) for c in self.chunks]
 
+    @property
+    def chunks_read(self) -> int:
+        """How many chunks a model read to get this result: every round's reads (EfficientRAG's Labeler pairs,
+        IRRR's candidates), or, for a method of one search, the chunks it returned (what a reader reads)."""
+        return sum(len(h.read) for h in self.hops) if self.hops else len(self.chunks)
+
     # ------------------------------------------------------------------ LLM usage
     def add_usage(self, llm_calls: int = 0, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
         self.llm_calls += int(llm_calls)
@@ -119,31 +181,89 @@ class Result:
         self.completion_tokens += int(completion_tokens)
 
     # ------------------------------------------------------------------ serialised forms
+    def trace_json(self) -> dict[str, Any] | None:
+        """The row form of how the method got its chunks: ``{"hops": [...], **trace}`` (or the trace alone, for a
+        method without rounds); None when the method records nothing."""
+        if self.hops:
+            return {"hops": [dict(h) for h in self.hops], **(self.trace or {})}
+        return self.trace
+
     def to_row(self) -> dict[str, Any]:
         """The method's fields of a ``predictions.jsonl`` row (the runner adds qid, gold, answers, latency).
 
-        ``retrieved``/``scores`` are the chunk ids and scores in rank order; ``answer`` and ``trace``
-        appear only when set; ``timing`` values are rounded to microseconds.
+        ``retrieved``/``scores`` are the chunk ids and scores in rank order; ``answer``, ``trace`` (:meth:`trace_json`)
+        and ``generation`` appear only when set; ``timing`` values are rounded to microseconds.
         """
         row: dict[str, Any] = {"retrieved": self.ids, "scores": self.scores, "llm_calls": self.llm_calls,
                                "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                                "iterations": self.iterations}
         if self.answer is not None:
             row["answer"] = self.answer
-        if self.trace is not None:
-            row["trace"] = self.trace
+        trace = self.trace_json()
+        if trace is not None:
+            row["trace"] = trace
+        if self.generation is not None:
+            row["generation"] = self.generation
         row.update(self.extra)
         if self.timing is not None:
             row["timing"] = {k: round(v, 6) for k, v in self.timing.items()}
         return row
 
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "Result":
+        """The result a ``predictions.jsonl`` row was written from (:meth:`to_row`, plus the runner's question
+        fields, which are not the method's): ``Result.from_row(r.to_row()).to_row() == r.to_row()``.
+
+        A row keeps chunk ids and scores, not texts: the chunks come back with empty titles and texts. Rows written
+        before the answer step had one place still read: an EfficientRAG row's ``trace["generation"]`` and an IRRR
+        row's ``generator`` become ``generation``, a trace written as a bare list of rounds becomes ``hops``.
+        """
+        missing = [k for k in ("retrieved", "scores") if k not in row]
+        if missing:
+            raise ValueError(f"not a predictions row: no {', '.join(missing)} (qid {row.get('qid')!r})")
+        if len(row["retrieved"]) != len(row["scores"]):
+            raise ValueError(f"predictions row {row.get('qid')!r}: {len(row['retrieved'])} retrieved ids but "
+                             f"{len(row['scores'])} scores")
+        hops, trace = _split_trace(row.get("trace"))
+        generation = row.get("generation")
+        if hops and isinstance(trace, dict) and "generation" in trace:  # EfficientRAG rows before `generation`
+            trace = dict(trace)
+            generation = trace.pop("generation")
+            trace = trace or None
+        extra = {k: v for k, v in row.items() if k not in _ROW_FIELDS}
+        if "generator" in extra and generation is None:  # IRRR rows before `generation`
+            generation = extra.pop("generator")
+        return cls(question=row.get("question", ""),
+                   chunks=[Chunk(id=str(i), title="", text="", score=float(s))
+                           for i, s in zip(row["retrieved"], row["scores"])],
+                   answer=row.get("answer"), trace=trace, iterations=row.get("iterations", 1),
+                   llm_calls=row.get("llm_calls", 0), prompt_tokens=row.get("prompt_tokens", 0),
+                   completion_tokens=row.get("completion_tokens", 0), timing=row.get("timing"), extra=extra,
+                   hops=hops, generation=generation)
+
     def to_json(self, include_trace: bool = True) -> dict[str, Any]:
         """The HTTP form (``effrag serve``): the question, full chunks (with ``kept_text``), the other
-        row fields under ``info``, and the trace unless left out."""
+        row fields under ``info``, and the trace (:meth:`trace_json`) unless left out."""
         info = {k: v for k, v in self.to_row().items() if k not in ("retrieved", "scores", "trace")}
         out: dict[str, Any] = {"question": self.question,
                                "chunks": [{**c.to_json(), "kept_text": c.kept_text} for c in self.chunks],
                                "info": info}
         if include_trace:
-            out["trace"] = self.trace
+            out["trace"] = self.trace_json()
         return out
+
+
+# the fields of a predictions row that are not a method's extra fields
+_ROW_FIELDS = {"qid", "dataset", "question", "gold", "answers", "latency_s", "retrieved", "scores", "llm_calls",
+               "prompt_tokens", "completion_tokens", "iterations", "answer", "trace", "generation", "timing"}
+
+
+def _split_trace(trace: Any) -> tuple[list, Any]:
+    """``(hops, rest)`` of a trace given as a list of rounds, a row's ``{"hops": [...], ...}`` or a method's own
+    record (a dict without rounds, or None)."""
+    if isinstance(trace, list):
+        return list(trace), None
+    if isinstance(trace, dict) and "hops" in trace:
+        rest = {k: v for k, v in trace.items() if k != "hops"}
+        return list(trace["hops"]), rest or None
+    return [], trace

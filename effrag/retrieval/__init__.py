@@ -10,6 +10,7 @@ from .bm25 import BM25Retriever
 from .dense import DenseRetriever, encode_corpus
 from .encoder import Encoder, default_encoder_path
 from .faiss_index import INDEX_TYPES, build_faiss_index
+from .function import FunctionRetriever
 from .hybrid import HybridRetriever, rrf_fuse
 from .index import KINDS, build_retriever, cached_retriever, load_retriever
 from .meta import IndexMismatchError, package_versions
@@ -19,7 +20,7 @@ __all__ = [
     "Hit", "Retriever", "Encoder", "default_encoder_path", "DenseRetriever", "BM25Retriever",
     "HybridRetriever", "rrf_fuse", "encode_corpus", "build_retriever", "load_retriever",
     "cached_retriever", "IndexMismatchError", "KINDS", "package_versions", "INDEX_TYPES", "build_faiss_index",
-    "ShardedEmbeddings", "encode_shards", "encode_to_store", "init_distributed", "merge_shards",
+    "ShardedEmbeddings", "encode_shards", "encode_to_store", "init_distributed", "merge_shards", "FunctionRetriever",
 ]
 
 

@@ -178,7 +178,7 @@ def create_app(config: ServeConfig | dict | str | Path, service: Service | None 
         bad = sorted(set(opts) - svc.source.options)
         if bad:
             return None, error(400, f"method {svc.info['method']} takes no {', '.join(bad)} "
-                                    f"(only EfficientRAG has thresholds)")
+                                    f"(its per-request options: {', '.join(sorted(svc.source.options)) or 'none'})")
         try:
             return await batcher.submit(questions, body.top_k, **opts), None
         except Unavailable as e:

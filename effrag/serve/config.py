@@ -22,11 +22,17 @@ class RetrieverSection:
 
 @dataclass
 class MethodSection:
-    name: str = "direct-r"  # direct-r | efficientrag | any registered pipeline
-    k: int = 10  # passages per question for direct-r and pipelines
-    labeler: str | None = None
+    name: str = "direct-r"  # any registered pipeline (direct-r, efficientrag, ...)
+    k: int = 10  # passages per question for methods whose depth is not in their own config
+    model: str | None = None  # a trained system: a folder or a shipped name (efficientrag-all), as eval --model
+    labeler: str | None = None  # or its checkpoint folders
     filter: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)  # EfficientRAGConfig fields / pipeline options
+    options: dict[str, Any] = field(default_factory=dict)  # the method's options (EfficientRAGConfig fields, ...)
+
+    def checkpoints(self) -> dict[str, Any]:
+        """The checkpoint keywords the method is built with (those given)."""
+        return {k: v for k, v in (("model", self.model), ("labeler", self.labeler), ("filter", self.filter))
+                if v is not None}
 
 
 @dataclass
@@ -121,41 +127,23 @@ def load_config(source: str | Path | dict[str, Any]) -> ServeConfig:
                          f"got {cfg.server.log_level!r}")
     if sum(x is not None for x in (r.sample, r.corpus, r.index)) != 1:
         raise ValueError(f"{where}: retriever needs exactly one of sample, corpus, index")
-    for key, path in (("retriever.corpus", r.corpus), ("retriever.index", r.index),
+    from effrag.pretrained import NAMES
+
+    model_path = m.model if m.model not in NAMES else None  # a shipped name is no path
+    for key, path in (("retriever.corpus", r.corpus), ("retriever.index", r.index), ("method.model", model_path),
                       ("method.labeler", m.labeler), ("method.filter", m.filter)):
         if path is not None and not Path(path).exists():
             raise FileNotFoundError(f"{where}: {key}: {path} does not exist")
     if r.index is None and r.kind not in ("bm25", "dense", "hybrid"):
         raise ValueError(f"{where}: retriever.kind must be bm25, dense or hybrid, got {r.kind!r}")
-    if m.name not in ("direct-r", "efficientrag", "efficient-rag"):
-        from effrag.pipelines import get_pipeline_class
+    from effrag.pipelines import get_pipeline_class
 
-        try:
-            get_pipeline_class(m.name)
-        except ValueError as e:
-            raise ValueError(f"{where}: method.name: {e}") from None
-    if m.name in ("efficientrag", "efficient-rag"):
-        if m.labeler is None or m.filter is None:
-            raise ValueError(f"{where}: method efficientrag needs method.labeler and method.filter (checkpoint folders)")
-        _check_loop_options(m.options, where)
-    return cfg
-
-
-def _check_loop_options(options: dict[str, Any], where: str) -> None:
-    """EfficientRAG's ``method.options`` (and the loop config file its ``config`` names) against the loop's one
-    rule (:data:`effrag.pipelines.efficientrag_config.RULES`), at start-up: a wrong type is one line naming the
-    file and key, not a 500 on every request."""
-    from effrag.pipelines.efficientrag_config import build_config, check_options
-
-    options = dict(options)
-    loop_file = options.pop("config", None)
-    check_options(options, where, "method.options.")
-    if loop_file is not None and not isinstance(loop_file, str):
-        raise ValueError(f"{where}: method.options.config: expected the path of a loop config file, got {loop_file!r}")
     try:
-        build_config(loop_file, **options)  # the file's own options (named in its errors), and rules across options
+        method = get_pipeline_class(m.name)
     except ValueError as e:
-        raise ValueError(f"{where}: method.options: {e}" if loop_file is None else str(e)) from None
+        raise ValueError(f"{where}: method.name: {e}") from None
+    method.check_file_options(m.checkpoints(), m.options, where)  # the method's own rules, naming file and key
+    return cfg
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")

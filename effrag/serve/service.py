@@ -66,18 +66,17 @@ def build_service(cfg: ServeConfig) -> Service:
         setup = open_setup(r)
     retriever, corpus = setup.retriever, setup.corpus
     m = cfg.method
-    if m.name in ("efficientrag", "efficient-rag"):
-        from effrag.api import EfficientRAG
-
-        with _load_errors(cfg.path, f"method.labeler {m.labeler} / method.filter {m.filter}"):
-            rag = EfficientRAG.from_pretrained(m.labeler, m.filter, retriever=retriever, **m.options)
-        source = ChunkSource(rag)
-    elif m.name == "direct-r":  # Direct-R is one search: per-request top_k reaches the retriever
+    if m.name == "direct-r":  # Direct-R is one search: per-request top_k reaches the retriever
         source = ChunkSource(retriever, k=m.k)
-    else:
-        from effrag.pipelines import build_pipeline
+    else:  # any registered method, by name; its depth stays in its own config when it keeps one there
+        from effrag.pipelines import build_pipeline, get_pipeline_class
 
-        source = ChunkSource(build_pipeline(m.name, retriever, k=m.k, **m.options))
+        k = None if getattr(get_pipeline_class(m.name), "k_in_config", False) else m.k
+        checkpoints = m.checkpoints()
+        what = " / ".join(f"method.{key} {v}" for key, v in checkpoints.items()) or f"method {m.name}"
+        with _load_errors(cfg.path, what):
+            source = ChunkSource(build_pipeline(m.name, retriever, **({"k": k} if k else {}), **checkpoints,
+                                                **m.options))
     generator = None
     if cfg.llm is not None:
         from effrag.llm import load_llm
@@ -88,7 +87,7 @@ def build_service(cfg: ServeConfig) -> Service:
     info = {"method": m.name, "source": source.describe(), "retriever": getattr(retriever, "kind", cfg.retriever.kind),
             "corpus_size": len(corpus) if corpus is not None else None,
             "corpus_fingerprint": corpus.fingerprint() if corpus is not None else None,
-            "model": {"labeler": m.labeler, "filter": m.filter} if m.labeler else None,
+            "model": m.checkpoints() or None,
             "llm": cfg.llm.spec if cfg.llm else None, "load_s": round(time.perf_counter() - t0, 3)}
     return Service(source=source, generator=generator, info=info)
 

@@ -114,8 +114,9 @@ def parse_grid(items: Sequence[str]) -> list[dict[str, Any]]:
 
 
 def forwards(hops: Sequence[dict]) -> list[int]:
-    """``[Labeler pairs, ranker pairs, Filter inputs]`` an EfficientRAG loop read for one question (its per-hop
-    trace: a result's ``trace``, or ``trace["hops"]`` of a predictions row): its reading cost."""
+    """``[Labeler pairs, ranker pairs, Filter inputs]`` an EfficientRAG loop read for one question (its hops: a
+    result's ``hops``, also of a predictions row read back, :meth:`effrag.pipelines.Result.from_row`): its reading
+    cost."""
     chunks = [c for e in hops for c in e["chunks"]]
     return [sum(c.get("p_continue") is not None for c in chunks),
             sum("rank_score" in c for c in chunks) + sum(len(e.get("rescored", [])) for e in hops),
@@ -130,7 +131,7 @@ def per_question(results: Sequence[Result], gold: Sequence[Sequence[str]], ids: 
     for qid, r, g in zip(ids, results, gold):
         want = set(g)
         out.append([qid, len(want), [i for i, c in enumerate(r.chunks, start=1) if c.id in want], len(r.chunks),
-                    forwards(r.trace)])
+                    forwards(r.hops)])
     return out
 
 
@@ -146,8 +147,8 @@ def score_results(results: Sequence[Result], gold: Sequence[Sequence[str]], curv
     return {**extra,
         "recall": sum(recall([c.id for c in r.chunks], g) for r, g in zip(results, gold)) / n,
         "avg_chunks": sum(len(r.chunks) for r in results) / n,
-        "seen_recall": sum(recall([c["id"] for e in r.trace for c in e["chunks"]], g) for r, g in zip(results, gold)) / n,
-        "avg_seen": sum(sum(len(e["chunks"]) for e in r.trace) for r in results) / n,
+        "seen_recall": sum(recall([i for e in r.hops for i in e.read], g) for r, g in zip(results, gold)) / n,
+        "avg_seen": sum(sum(len(e.read) for e in r.hops) for r in results) / n,
         "curve": [[c, sum(recall([x.id for x in r.chunks[:c]], g) for r, g in zip(results, gold)) / n,
                    sum(min(c, len(r.chunks)) for r in results) / n] for c in range(1, curve_max + 1)],
         "iterations": sum(r.iterations for r in results) / n,

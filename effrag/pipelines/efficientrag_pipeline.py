@@ -1,0 +1,259 @@
+"""EfficientRAG behind one door: the registered pipeline (``effrag eval --method efficientrag``) is also the
+public API object (``effrag.EfficientRAG``), the source the adapters and ``effrag serve`` wrap.
+
+    rag = EfficientRAG.from_pretrained("efficientrag-all", corpus="corpus.jsonl")   # a system, its retriever
+    rag = EfficientRAG.from_pretrained("labeler/", "filter/", retriever=index_or_search_or_function)
+    rag.retrieve(question) / rag.retrieve_batch(questions)     # the loop's Result: ranked pool, hops
+    rag.answer(question, llm="default")                        # plus one generator call
+    rag.config = rag.config.replace(tag_threshold=0.3)         # the loop's options, changed in place
+
+``from_pretrained`` resolves a system folder or shipped name (:mod:`.efficientrag_system`) or a pair of
+checkpoints; ``build_pipeline("efficientrag", retriever, ...)`` takes the ``effrag eval`` options. The loop
+itself is :mod:`.efficientrag`.
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Sequence
+
+from .base import Pipeline, register_pipeline
+from .efficientrag import EfficientRAGLoop, load_models
+from .efficientrag_config import (DEDUP_MODES, POOL_ORDERS, POOL_SOURCES, QUERY_MODES, RANK_QUERIES,
+                                  EfficientRAGConfig, build_config)
+from .generation import Generator, answer_results
+from .result import Result
+
+_FLAGS = {  # effrag eval flag -> (type, help); dest = config field (except --er-batch-size -> batch_size)
+    "--hop-k": (int, "chunks retrieved per query per hop (default 10)"),
+    "--first-hop-k": (int, "chunks retrieved for the question at hop 0 (default: --hop-k)"),
+    "--max-hops": (int, "retrieval rounds, hop 0 included (default 4)"),
+    "--tag-threshold": (float, "p(<Continue>) needed to keep a chunk and go on (default 0.5)"),
+    "--token-threshold": (float, "keep probability of a chunk word (default 0.5)"),
+    "--filter-threshold": (float, "keep probability of a next-query word (default 0.5)"),
+    "--query-mode": (str, "merged: one next query per hop; per_chunk: one per <Continue> chunk"),
+    "--dedup": (str, "refill: up to hop-k unseen chunks per query; drop: seen chunks just leave the top hop-k"),
+    "--max-branches": (int, "per_chunk mode: next queries per question per hop (default 4)"),
+    "--max-candidates": (int, "cap on the candidate pool (default: none)"),
+    "--min-candidates": (int, "top up the pool with the likeliest <Terminate> chunks (default 0)"),
+    "--pool-order": (str, "hop: earlier hop, then p(<Continue>); fused: p(<Continue>) + weight x retrieval score; "
+                    "fused_logit: logit p(<Continue>) + weight x retrieval score; rank: the ranker's logit - "
+                    "weight x log(1 + retrieval rank)"),
+    "--pool-source": (str, "continue: pool of <Continue> chunks (paper); seen: rank every chunk the Labeler read"),
+    "--retrieval-weight": (float, "pool-order fused: weight of the retriever's score (default 1.0)"),
+    "--requery-weight": (float, "pool-order fused: weight of a chunk's best score under the later hops' queries "
+                         "(default 0: off)"),
+    "--relabel-weight": (float, "pool-order fused: weight of a chunk's best p(<Continue>) when the Labeler rereads "
+                         "it under a later hop's query (default 0: off)"),
+    "--query-chunks": (int, "merged queries: <Continue> chunks (most confident first) whose kept words feed the "
+                       "next query (default: all)"),
+    "--er-batch-size": (int, "Labeler/Filter forward batch size (default 32)"),
+    "--labeler-max-length": (int, "Labeler input length in sub-tokens (default: the trained length)"),
+    "--stop-at-pool": (int, "end a question's loop once its pool holds this many <Continue> chunks (default: off)"),
+    "--labeler-top": (int, "with --ranker: the Labeler reads only each hop's N best-ranked new chunks (default: all)"),
+    "--rescore-top": (int, "with --ranker: it reads again, under a later hop's query, the earlier chunks among that "
+                      "query's top N hits (default 0: off)"),
+    "--rank-query": (str, "with --ranker: what it reads a later hop's chunks under, the hop's query (query) or the "
+                     "Filter's input, query + Info: kept words (info)"),
+}
+
+
+@register_pipeline("efficientrag", aliases=("efficient-rag",))
+class EfficientRAGPipeline(Pipeline):
+    """EfficientRAG retrieval, plus one generator call per question when ``generator`` is given.
+
+    The models come from a system (``model``: a folder or a shipped name, :mod:`.efficientrag_system`; the
+    shipped ``efficientrag-all`` when neither ``model`` nor ``labeler``/``filter`` is given) or from
+    checkpoint folders (``labeler``, ``filter``, ``ranker``). The result's chunks are the candidate pool
+    (what the paper's Recall@K counts); ``hops`` the loop's rounds, ``generation`` the generator's record, ``timing``
+    the loop time split into retrieval / labeler / filter / other (and generation). ``config`` or
+    ``er_config`` (a JSON file; a system's ``loop.json`` by default) give the loop options; keyword options
+    (the ``effrag eval`` flags) override them. ``k`` (``effrag eval --k``) sets ``hop_k`` only when given:
+    a config file's ``hop_k`` is not silently replaced by the CLI's default. The pool ranker runs when the
+    config orders the pool by it (``pool_order: rank``).
+    """
+
+    k_in_config = True
+    call_options = frozenset(f.name for f in fields(EfficientRAGConfig))  # the loop's settings, per call
+    uses_generator = True
+
+    def __init__(self, retriever, labeler=None, filter=None, config=None, generator=None,
+                 k: int | None = None, er_config: str | None = None, er_batch_size: int | None = None,
+                 er_bf16: bool | None = None, ranker=None, model=None, **options: Any):
+        named = ranker is not None
+        labeler, filter, ranker, config = self._resolve(model, labeler, filter, ranker, config or er_config)
+        config = self._config(config, k, er_batch_size, er_bf16, **options)
+        if not named and config.pool_order != "rank" and config.labeler_top is None:
+            ranker = None  # a system's own ranker only reads when the config ranks by it
+        from effrag.setup import as_retriever
+
+        models = load_models(labeler, filter, ranker=ranker)
+        self.loop = EfficientRAGLoop(models[0], models[1], as_retriever(retriever), config,
+                                     ranker=models[2] if ranker is not None else None)
+        self.generator = generator
+        self._generators: dict[tuple, Generator] = {}
+
+    @classmethod
+    def from_pretrained(cls, model: str | Path = "efficientrag-all", filter_dir: str | Path | None = None,
+                        retriever: Any = None, *, corpus: Any = None,
+                        config: EfficientRAGConfig | dict | str | None = None, dataset: str | None = None,
+                        ranker: str | Path | None = None, generator: Any = None,
+                        **options: Any) -> "EfficientRAGPipeline":
+        """A trained system: ``model`` is a system folder or a shipped name (``labeler/``, ``filter/``, ``[ranker/]``,
+        ``loop.json``; :mod:`.efficientrag_system`), or, with ``filter_dir``, a Labeler checkpoint.
+
+        ``config`` defaults to the system's ``loop-<dataset>.json`` when ``dataset`` names one, else its general
+        ``loop.json``. ``retriever`` is a search object, an index folder, a function, or a kind (``"bm25"``,
+        ``"dense"``, ``"hybrid"``) to build over ``corpus``; left out, the kind the loop config was tuned for is
+        built over ``corpus`` (:class:`effrag.setup.RunSetup`). ``options`` are :class:`EfficientRAGConfig`
+        fields (``tag_threshold=``, ...).
+        """
+        from effrag.setup import RETRIEVER_KINDS, RunSetup, as_retriever
+
+        from .efficientrag_system import config_retriever, open_system
+
+        if filter_dir is None:
+            system = open_system(model, config if isinstance(config, (str, Path)) else None, dataset)
+            labeler_dir, filter_dir, ranker = system.labeler, system.filter, ranker or system.ranker
+            config = config if config is not None else system.config
+        else:
+            labeler_dir = model
+        cfg = build_config(config, **options)
+        if retriever is None or (isinstance(retriever, str) and retriever in RETRIEVER_KINDS):
+            kind = retriever or (config_retriever(config) if isinstance(config, (str, Path)) else None) or "dense"
+            if corpus is None:
+                raise ValueError(f"from_pretrained needs a retriever, or a corpus to build the {kind} retriever over")
+            retriever = RunSetup.build(corpus=corpus, retriever=kind, bf16=True, cache=False).retriever
+        if cfg.pool_order != "rank" and cfg.labeler_top is None:
+            ranker = None  # a system's ranker only reads when the config ranks by it
+        return cls(as_retriever(retriever, corpus), labeler=labeler_dir, filter=filter_dir, config=cfg,
+                   ranker=ranker, generator=generator)
+
+    @staticmethod
+    def _resolve(model, labeler, filter, ranker, config):
+        """``(labeler, filter, ranker, config)``: from the system ``model`` when no checkpoint is named."""
+        from .efficientrag_system import DEFAULT_SYSTEM, open_system
+
+        if labeler is None and filter is None:
+            system = open_system(model or DEFAULT_SYSTEM, config if isinstance(config, (str, Path)) else None)
+            return system.labeler, system.filter, ranker or system.ranker, config or system.config
+        if model is not None:
+            raise ValueError("give --model (a system) or --labeler/--filter (checkpoints), not both")
+        if labeler is None or filter is None:
+            raise ValueError("efficientrag needs both --labeler DIR and --filter DIR (or --model, a system folder)")
+        return labeler, filter, ranker, config
+
+    @staticmethod
+    def _config(config, k, er_batch_size, er_bf16, **options: Any) -> EfficientRAGConfig:
+        if k is not None and options.get("hop_k") is None:
+            options["hop_k"] = k
+        options.setdefault("bf16", er_bf16)
+        return build_config(config, batch_size=er_batch_size, **options)
+
+    @classmethod
+    def check_options(cls, labeler=None, filter=None, config=None, k=None, er_config=None, er_batch_size=None,
+                      er_bf16=None, ranker=None, model=None, **options: Any) -> None:
+        _, _, ranker, config = cls._resolve(model, labeler, filter, ranker, config or er_config)
+        if cls._config(config, k, er_batch_size, er_bf16, **options).labeler_top is not None and ranker is None:
+            raise ValueError("labeler_top needs a pool ranker (--ranker DIR, or a system folder with ranker/)")
+
+    @classmethod
+    def check_file_options(cls, checkpoints: dict[str, Any], options: dict[str, Any], where: str,
+                           prefix: str = "method.") -> None:
+        """A config file's system or checkpoints, and its loop options (and the loop config file its ``config``
+        names) against the loop's one rule (:data:`.efficientrag_config.RULES`): a wrong type is one line naming
+        the file and key at start-up, not a 500 on every request."""
+        from .efficientrag_config import check_options
+
+        if not checkpoints.get("model") and not (checkpoints.get("labeler") and checkpoints.get("filter")):
+            raise ValueError(f"{where}: method efficientrag needs {prefix}labeler and {prefix}filter (checkpoint "
+                             f"folders), or {prefix}model (a system folder or a shipped name)")
+        if checkpoints.get("model") and (checkpoints.get("labeler") or checkpoints.get("filter")):
+            raise ValueError(f"{where}: give {prefix}model (a system) or {prefix}labeler/{prefix}filter, not both")
+        options = dict(options)
+        loop_file = options.pop("config", None)
+        check_options(options, where, f"{prefix}options.")
+        if loop_file is not None and not isinstance(loop_file, str):
+            raise ValueError(f"{where}: {prefix}options.config: expected the path of a loop config file, "
+                             f"got {loop_file!r}")
+        try:
+            build_config(loop_file, **options)  # the file's own options (named in its errors), and rules across options
+        except ValueError as e:
+            raise ValueError(f"{where}: {prefix}options: {e}" if loop_file is None else str(e)) from None
+
+    @classmethod
+    def default_retriever(cls, labeler=None, filter=None, config=None, er_config=None, model=None,
+                          **options: Any) -> str | None:
+        """The retriever the loop config was tuned for (``effrag eval`` builds it when ``--retriever`` is not given)."""
+        from .efficientrag_system import config_retriever
+
+        config = cls._resolve(model, labeler, filter, None, config or er_config)[3]
+        return config_retriever(config) if isinstance(config, (str, Path)) else None
+
+    config = property(lambda self: self.loop.config, lambda self, cfg: setattr(self.loop, "config", cfg),
+                      doc="The loop's options (assigning a new config changes the loop's).")
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        g = parser.add_argument_group("efficientrag")
+        g.add_argument("--model", metavar="DIR|NAME", help="an EfficientRAG system: a folder with labeler/, filter/, "
+                       "[ranker/], loop.json (what the recipe writes) or a shipped name (default efficientrag-all "
+                       "when no --labeler is given); its loop.json and that config's retriever are the defaults")
+        g.add_argument("--labeler", metavar="DIR", help="trained Labeler checkpoint directory")
+        g.add_argument("--filter", metavar="DIR", help="trained Filter checkpoint directory")
+        g.add_argument("--ranker", metavar="DIR", help="trained pool ranker checkpoint directory (pool_order rank)")
+        g.add_argument("--er-config", metavar="JSON", help="loop config file (e.g. a system's loop-<dataset>.json)")
+        for flag, (typ, help_) in _FLAGS.items():
+            choices = {"--query-mode": QUERY_MODES, "--dedup": DEDUP_MODES, "--pool-order": POOL_ORDERS,
+                       "--pool-source": POOL_SOURCES, "--rank-query": RANK_QUERIES}.get(flag)
+            g.add_argument(flag, type=typ, default=None, choices=choices, help=help_)
+        g.add_argument("--er-int8", dest="int8", action="store_true", default=None,
+                       help="int8 dynamic quantization of the Labeler/Filter Linear layers (CPU)")
+        g.add_argument("--prune-last-hop", action="store_true", default=None,
+                       help="skip last-hop chunks that cannot enter the capped pool (exact)")
+        g.add_argument("--er-bf16", action="store_true", default=None, help="bf16 autocast for Labeler/Filter (fp32 on CPUs without native bf16)")
+
+    @property
+    def retriever(self) -> Any:
+        return self.loop.retriever
+
+    def run(self, question: str) -> Result:
+        return self.run_batch([question])[0]
+
+    def run_batch(self, questions: list[str]) -> list[Result]:
+        return with_answers(self.retrieve_batch(questions), self.generator)
+
+    def retrieve(self, question: str) -> Result:
+        """The question's :class:`Result`, retrieval only: iterate it for the ranked chunks; ``hops`` per hop."""
+        return self.retrieve_batch([question])[0]
+
+    def retrieve_batch(self, questions: Sequence[str]) -> list[Result]:
+        """All questions hop by hop together (same results as one at a time, higher throughput)."""
+        if isinstance(questions, str):
+            raise TypeError("retrieve_batch takes a list of questions; use retrieve(question) for one")
+        return self.loop.run(list(questions))
+
+    def answer(self, question: str, llm: Any = "default", *, dataset: str | None = None,
+               context: str = "chunks", **generator_options: Any) -> Result:
+        """Retrieve, then one LLM call with the paper's retrieval QA prompt for ``dataset``.
+
+        ``llm`` is an :class:`effrag.llm.LLM` or a spec (``"default"`` = bundled SmolLM2);
+        ``context="kept_words"`` sends only the Labeler's kept words (compressed context).
+        The result is what ``effrag eval --method efficientrag --llm`` records for the question:
+        ``answer``, the LLM usage, the LLM's raw output in ``generation``.
+        """
+        key = (id(llm) if not isinstance(llm, str) else llm, dataset, context, tuple(sorted(generator_options.items())))
+        gen = self._generators.get(key)
+        if gen is None:
+            gen = self._generators[key] = Generator(llm, dataset=dataset, context=context, **generator_options)
+        return with_answers(self.retrieve_batch([question]), gen)[0]
+
+
+def with_answers(results: list[Result], generator: Any = None) -> list[Result]:
+    """Loop results answered by ``generator`` when given (:func:`.generation.answer_results`; in place): its
+    record in ``generation``, its time in ``timing``."""
+    for r, reply in zip(results, answer_results(generator, results)):
+        r.generation = reply.get("trace") or None
+        if "latency_s" in reply:
+            r.timing["generation"] = reply["latency_s"]
+    return results

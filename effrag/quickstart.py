@@ -162,7 +162,9 @@ def _system_identity(system: dict | None) -> dict[str, str]:
         paths = {"labeler": files.labeler, "filter": files.filter, "ranker": files.ranker}
     else:
         paths = {k: system[k] for k in ("labeler", "filter", "ranker")}
-    return {k: hashlib.sha1((Path(p) / "effrag_config.json").read_bytes()).hexdigest()
+    from effrag.models.model_files import CONFIG_NAME
+
+    return {k: hashlib.sha1((Path(p) / CONFIG_NAME).read_bytes()).hexdigest()
             for k, p in paths.items() if p is not None}
 
 

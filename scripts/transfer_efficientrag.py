@@ -37,11 +37,13 @@ def pairs(items: list[str], what: str) -> dict[str, str]:
 
 def model_dirs(path: str) -> tuple[Path, Path]:
     """``DIR`` holding ``labeler/`` and ``filter/``, or ``LABELER_DIR,FILTER_DIR``."""
+    from effrag.models import CONFIG_NAME, is_checkpoint
+
     lab, _, fil = path.partition(",")
     lab_dir, fil_dir = (Path(lab), Path(fil)) if fil else (Path(path) / "labeler", Path(path) / "filter")
     for d in (lab_dir, fil_dir):
-        if not (d / "effrag_config.json").is_file():
-            raise SystemExit(f"{d}: not an effrag checkpoint (no effrag_config.json)")
+        if not is_checkpoint(d):
+            raise SystemExit(f"{d}: not an effrag checkpoint (no {CONFIG_NAME})")
     return lab_dir, fil_dir
 
 

@@ -1,7 +1,9 @@
 """effrag models on any HF encoder: EfficientRAG's Labeler (token + chunk heads) and Filter (token head), IRRR,
 SearChain's extractive reader.
 
-``load_model(dir)`` opens any effrag checkpoint directory by its ``effrag_config.json``.
+``load_model(dir)`` opens any effrag checkpoint directory by its ``effrag_config.json``. What a checkpoint folder
+holds is this package's knowledge alone: ``is_checkpoint(dir)``, ``fingerprint(dir)`` (its weights' recorded hashes),
+``update_effrag_config(dir, ...)`` and the file names (``CONFIG_NAME``, ``HEADS_NAME``, ``WEIGHTS_NAME``).
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from .filter import FilterModel
 from .heads import CONFIG_NAME, ENCODER_ALIASES, EncoderWithHeads, read_effrag_config, resolve_encoder
 from .irrr import IRRRModel
 from .labeler import LabelerModel
+from .model_files import HEADS_NAME, WEIGHTS_NAME, fingerprint, is_checkpoint, update_effrag_config
 from .ranker import RankerModel
 from .reader import ExtractiveReader, load_reader_checkpoint
 from .reader_vote import ReaderVote, load_reader
@@ -38,6 +41,7 @@ def load_model(path: str | Path, **kwargs) -> EncoderWithHeads:
 
 __all__ = [
     "LabelerModel", "FilterModel", "RankerModel", "IRRRModel", "ExtractiveReader", "ReaderVote", "load_reader", "load_reader_checkpoint", "EncoderWithHeads", "load_model", "register_model",
-    "MODEL_TYPES",
+    "MODEL_TYPES", "CONFIG_NAME", "HEADS_NAME", "WEIGHTS_NAME", "is_checkpoint", "fingerprint", "update_effrag_config",
+    "read_effrag_config",
     "resolve_encoder", "ENCODER_ALIASES", "encode_pairs", "encode_singles", "pad_batch", "IGNORE",
 ]

@@ -20,6 +20,7 @@ from ..integrity import CorruptFileError, IntegrityError, short_error
 
 CONFIG_NAME = "effrag_config.json"
 HEADS_NAME = "heads.safetensors"
+WEIGHTS_NAME = "model.safetensors"  # the encoder's weights (one file; sharded encoders: WEIGHT_PATTERNS)
 ENCODER_CONFIG = "config.json"
 REDOWNLOAD = "re-download or re-train the checkpoint"
 # Weight files whose size and sha256 go into effrag_config.json (sharded encoders: shards + their index).
@@ -34,6 +35,52 @@ def recorded_names(path: Path, tokenizer_files=()) -> list[str]:
     names |= {Path(f).name for f in tokenizer_files if (path / Path(f).name).is_file()}
     names |= {n for n in (ENCODER_CONFIG, *TOKENIZER_FILES) if (path / n).is_file()}
     return sorted(names)
+
+
+def is_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` is a saved effrag model folder (it holds :data:`CONFIG_NAME`), as opposed to an encoder to
+    start from or an empty folder."""
+    return (Path(path) / CONFIG_NAME).is_file()
+
+
+def fingerprint(path: str | Path, with_options: bool = False) -> str | None:
+    """Short hash of a checkpoint's recorded weight-file hashes (:data:`CONFIG_NAME` ``files``; with
+    ``with_options``, its options too, e.g. a reader's tuned decoding): part of a tuning folder's setup or
+    an eval run's config, so that a model retrained (or retuned) at the same path never resumes the old
+    model's rows. Only the weight files count: a retrained model has new weights, and the records of
+    config.json and the tokenizer, added later, leave the fingerprints of earlier checkpoints as they were.
+    None for a folder that is no checkpoint or records no files."""
+    import fnmatch
+    import hashlib
+
+    try:
+        meta = json.loads((Path(path) / CONFIG_NAME).read_text())
+        files = meta.get("files")
+        if isinstance(files, dict):  # file records other than weights left out (a vote folder's members are kept)
+            files = {k: v for k, v in files.items()
+                     if not (isinstance(v, dict) and "sha256" in v) or any(fnmatch.fnmatch(k, p) for p in WEIGHT_PATTERNS)}
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not files:
+        return None
+    what = {"files": files, "options": meta.get("options")} if with_options else files
+    return hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def update_effrag_config(path: str | Path, *, options: dict | None = None, **fields) -> dict:
+    """Rewrite a checkpoint's :data:`CONFIG_NAME` with ``options`` merged into its options and ``fields`` set
+    (e.g. a reader's tuned decoding and how it was tuned); the weights are untouched. Written beside and renamed:
+    a kill leaves the old file or the new one."""
+    import os
+
+    path = Path(path)
+    meta = read_effrag_config(path)
+    meta["options"] = {**meta.get("options", {}), **(options or {})}
+    meta.update(fields)
+    tmp = path / (CONFIG_NAME + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    os.replace(tmp, path / CONFIG_NAME)
+    return meta
 
 
 def read_effrag_config(path: str | Path) -> dict:

@@ -21,7 +21,8 @@ _HERE = Path(__file__).resolve().parent
 
 @dataclass(frozen=True)
 class Shippable:
-    """A model effrag can ship: the files its folder must hold, and the commands that make and export it."""
+    """A model effrag can ship: the checkpoint folders it must hold (``"."``: the folder itself is one), and the
+    commands that make and export it."""
 
     what: str
     needs: tuple[str, ...]
@@ -35,11 +36,11 @@ SHIPPABLE = {
         "EfficientRAG system", ("labeler", "filter"), "bash scripts/train_efficientrag.sh all",
         "python scripts/export_pretrained.py --src checkpoints/efficientrag-all --dst effrag/pretrained/efficientrag-all"),
     "reader-all": Shippable(
-        "extractive reader", ("heads.safetensors",),
+        "extractive reader", (".",),
         "python scripts/train_models.py --models reader --name all --processes 2",
         "python scripts/export_pretrained.py --kind reader --src checkpoints/reader-all --dst effrag/pretrained/reader-all"),
     "irrr-all": Shippable(
-        "IRRR model", ("heads.safetensors",), "python scripts/train_models.py --models irrr --name all --processes 2",
+        "IRRR model", (".",), "python scripts/train_models.py --models irrr --name all --processes 2",
         "python scripts/export_pretrained.py --kind irrr --src checkpoints/irrr-all --dst effrag/pretrained/irrr-all"),
 }
 NAMES = tuple(name for name in SHIPPABLE if (_HERE / name).is_dir())
@@ -61,7 +62,9 @@ def pretrained_path(name: str = "efficientrag-all") -> Path:
     if not path.is_dir():
         raise NotShippedError(f"{name} ({spec.what}) is not shipped with this effrag yet: train it with `{spec.train}` "
                               f"and pass {local}, or export it into the package with `{spec.export}`")
-    missing = [n for n in spec.needs if not (path / n).exists()]
+    from effrag.models.model_files import CONFIG_NAME, is_checkpoint
+
+    missing = [f"{n}/{CONFIG_NAME}".lstrip("./") for n in spec.needs if not is_checkpoint(path / n)]
     if missing:
         raise FileNotFoundError(f"{path} is incomplete (no {', '.join(missing)}): reinstall effrag, or re-export it "
                                 f"with `{spec.export}`")

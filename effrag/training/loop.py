@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from ..models.model_files import is_checkpoint
 from ..provenance import file_sha256, package_versions, portable
 from .checkpoint_files import read_checkpoint, seal_checkpoint, write_checkpoint
 from .checkpoints import (RESULTS_NAME, checkpoint_dirs, config_changes, main_print, plan_start,
@@ -97,7 +98,7 @@ def _build_model(task: Task, cfg: Config):
     mc = cfg.model
     options = {"max_length": mc.max_length, "head_dropout": mc.head_dropout, "token_weight": mc.token_weight,
                "tag_weight": mc.tag_weight, "token_class_weights": mc.token_class_weights, **mc.extra_options}
-    if (Path(mc.name_or_path) / "effrag_config.json").is_file():
+    if is_checkpoint(mc.name_or_path):
         # continue from a saved model of this task: its encoder AND heads, with this run's options
         saved = task.model_cls.from_pretrained(mc.name_or_path, attention_dropout=mc.attention_dropout,
                                                hidden_dropout=mc.hidden_dropout)
@@ -186,7 +187,7 @@ def preflight(cfg: Config) -> None:
             raise ConfigError(f"{key}: file not found: {f} (a JSONL file or an Arrow dataset folder / .arrow file)")
         if Path(f).is_file() and not is_arrow_source(f):
             check_utf8(f)
-    if not (Path(cfg.model.name_or_path) / "effrag_config.json").is_file():
+    if not is_checkpoint(cfg.model.name_or_path):
         check_encoder(cfg.model.name_or_path, "model")
 
 

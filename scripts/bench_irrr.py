@@ -33,13 +33,13 @@ COLUMNS = ["dataset", "method", "n", "recall", "avg_chunks", "em", "f1", "iterat
 
 
 def parse_args(argv=None):
+    from effrag.cli_args import add_data_args
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--irrr", required=True, help="IRRR checkpoint directory")
     ap.add_argument("--labeler", help="EfficientRAG Labeler checkpoint (EfficientRAG skipped without)")
     ap.add_argument("--filter", help="EfficientRAG Filter checkpoint")
-    ap.add_argument("--data", default="../shared/data", help="folder with <dataset>/{train,dev}.jsonl")
-    ap.add_argument("--datasets", nargs="+", default=["hotpotqa", "2wikimqa", "musique"])
-    ap.add_argument("--limit", type=int, default=None, help="first N dev questions per dataset")
+    add_data_args(ap)
     ap.add_argument("--direct-k", type=int, nargs="+", default=[10])
     ap.add_argument("--irrr-config", action="append", default=None,
                     help='JSON IRRR loop options, e.g. {"answer_threshold": 1.0}; repeat for several IRRR rows')

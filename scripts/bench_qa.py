@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import sys
 import time
@@ -35,6 +34,8 @@ COLUMNS = ["dataset", "method", "n", "recall", "avg_chunks", "em", "f1", "contex
 
 
 def parse_args(argv=None):
+    from effrag.cli_args import add_data_args
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reader", required=True, metavar="DIR", help="reader checkpoint (checkpoints/reader-all)")
     ap.add_argument("--model", metavar="DIR", default=None,
@@ -43,10 +44,7 @@ def parse_args(argv=None):
     ap.add_argument("--irrr", metavar="DIR", default=None, help="IRRR checkpoint: adds an irrr row (BM25)")
     ap.add_argument("--irrr-config", metavar="FILE", type=Path, default=None,
                     help="IRRR loop options as JSON (e.g. reports/irrr/recall/best.json); default: IRRR's defaults")
-    ap.add_argument("--data", default=os.environ.get("DATA", "../shared/data"),
-                    help="folder with <dataset>/{train,dev}.jsonl (env DATA)")
-    ap.add_argument("--datasets", nargs="+", default=["hotpotqa", "2wikimqa", "musique"])
-    ap.add_argument("--limit", type=int, default=None, help="first N dev questions per dataset")
+    add_data_args(ap)
     ap.add_argument("--direct-k", type=int, nargs="+", default=[10, 20])
     ap.add_argument("--reader-mode", choices=("together", "each"), default="together")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all usable cores)")
@@ -88,20 +86,6 @@ class Answered:
         return results
 
 
-def load_irrr_config(path: Path | None) -> dict:
-    """The IRRR loop options in ``path`` (a JSON object of IRRRConfig fields); unknown fields fail
-    when the pipeline is built, naming them."""
-    if path is None:
-        return {}
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise SystemExit(f"--irrr-config {path}: cannot read a JSON object ({e})")
-    if not isinstance(config, dict):
-        raise SystemExit(f"--irrr-config {path}: expected a JSON object of IRRR options, got {type(config).__name__}")
-    return config
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
@@ -113,11 +97,15 @@ def main(argv=None) -> int:
     from effrag.models import load_reader
     from effrag.pipelines import build_pipeline
     from effrag.pipelines.generation import ReaderGenerator
+    from effrag.pipelines.irrr import read_irrr_config
     from effrag.pretrained import pretrained_path
     from effrag.provenance import write_report
     from effrag.tuning import model_fingerprint
 
-    irrr_config = load_irrr_config(args.irrr_config)
+    try:
+        irrr_config = read_irrr_config(args.irrr_config)
+    except ValueError as e:
+        raise SystemExit(f"--irrr-config {e}") from None
     torch.set_num_threads(args.threads or usable_cores())
     reader = load_reader(args.reader).eval()
     together = args.reader_mode == "together"

@@ -26,12 +26,11 @@ MODES = ("together", "each")
 
 
 def parse_args(argv=None):
+    from effrag.cli_args import add_data_args
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reader", required=True, metavar="DIR", help="reader checkpoint (checkpoints/reader-all)")
-    ap.add_argument("--data", default=os.environ.get("DATA", "../shared/data"),
-                    help="folder with <dataset>/dev.jsonl (env DATA)")
-    ap.add_argument("--datasets", nargs="+", default=["hotpotqa", "2wikimqa", "musique"])
-    ap.add_argument("--limit", type=int, default=None, help="first N dev questions per dataset")
+    add_data_args(ap)
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all usable cores)")
     ap.add_argument("--output", required=True, type=Path)

@@ -14,7 +14,8 @@
 # 2. Labeler and Filter training with configs/{labeler,filter}.yaml on every synthesised record.
 # 3. The pool ranker: `effrag ranker-data` (each gold chunk of the synthesised records against 7 hybrid negatives of
 #    the same query) and configs/ranker.yaml; the last checkpoint is installed (no dev question chooses it).
-# 4. scripts/tune_efficientrag.py on each dev file (grid TUNE_GRID over RETRIEVER, every question's result kept),
+# 4. scripts/tune_efficientrag.py on each dev file (the grid of effrag/configs/efficientrag_recipe.yaml, or TUNE_GRID,
+#    over RETRIEVER, every question's result kept),
 #    then scripts/efficientrag_report.py: per-dataset and joint configs chosen on the dev questions but the bundled
 #    sample's (the quickstart's), 5-fold cross-fitted recall at <= 7 and <= 10 chunks against the strongest of BM25,
 #    dense and hybrid Direct-R, and the card.
@@ -36,12 +37,14 @@ RETRIEVER=${RETRIEVER:-hybrid}
 FOLDS=${FOLDS:-5}
 NEG=${NEG_PER_QUERY:-3}
 CTX=${CONTEXT_NEG:-0}
-# The loop: hop 0 reads the retriever's top first_hop_k with the ranker, the Labeler reads the best labeler_top of
-# each hop (its kept words make the next query), later hops read hop_k new chunks per query and re-read the earlier
-# ones among their top rescore_top; the pool is every chunk read, ordered by the ranker's best logit minus
-# retrieval_weight x log(1 + retrieval rank) minus requery_weight x log(1 + best rank under a later query). The
-# weights act after the loop: the tuner ranks one run under all of them.
-TUNE_GRID=${TUNE_GRID:-"first_hop_k=20,30 hop_k=10 max_hops=2,3 labeler_top=2 tag_threshold=0.5 token_threshold=0.1 query_chunks=1,2 filter_threshold=0.2 pool_source=seen pool_order=rank rescore_top=20 rank_query=query,info retrieval_weight=1,2,3 requery_weight=1,1.5,2"}
+# The loop's grid: effrag/configs/efficientrag_recipe.yaml (what each option does is said there); TUNE_GRID="NAME=V1,V2
+# ..." replaces it.
+if [ -n "${TUNE_GRID:-}" ]; then
+  read -ra grid_args <<< "$TUNE_GRID"
+  grid_args=(--grid "${grid_args[@]}")
+else
+  grid_args=(--grid-file effrag/configs/efficientrag_recipe.yaml)
+fi
 case "$ds" in
   all) inputs=("$DATA/hotpotqa/train.jsonl" "$DATA/2wikimqa/train.jsonl" "$DATA/musique/train.jsonl") ;;
   hotpotqa|2wikimqa|musique) inputs=("$DATA/$ds/train.jsonl") ;;
@@ -73,7 +76,7 @@ for d in hotpotqa 2wikimqa musique; do  # every dev question's result is kept: t
   # shellcheck disable=SC2086
   "$BIN/python" scripts/tune_efficientrag.py --labeler "$ck/labeler" --filter "$ck/filter" --ranker "$ck/ranker" \
     --questions "$DATA/$d/dev.jsonl" --corpus-from "$DATA/$d/train.jsonl" --retriever "$RETRIEVER" --bf16 --er-bf16 --n 0 \
-    --grid $TUNE_GRID --output "runs/tune/$name-$d" > /dev/null  # table: runs/tune/*/table.md
+    "${grid_args[@]}" --output "runs/tune/$name-$d" > /dev/null  # table: runs/tune/*/table.md
   tunes+=("$d=runs/tune/$name-$d")
 done
 "$BIN/python" scripts/efficientrag_report.py --tune "${tunes[@]}" --data "$DATA" --folds "$FOLDS" --system "$ck" \

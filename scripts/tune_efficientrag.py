@@ -19,6 +19,7 @@ The grid runner is :func:`effrag.tuning.run_grid`; this is its command line.
     python scripts/tune_efficientrag.py --labeler L --filter F --questions dev.jsonl --retriever dense \\
         --grid tag_threshold=0.3,0.5,0.7 token_threshold=0.3,0.5 query_mode=merged,per_chunk hop_k=5,10 \\
         --chunk-budget 10 --output runs/tune-hotpotqa
+    python scripts/tune_efficientrag.py ... --grid-file effrag/configs/efficientrag_recipe.yaml   # the recipe's grid
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+DEFAULT_GRID = ["tag_threshold=0.3,0.5,0.7", "token_threshold=0.3,0.5", "query_mode=merged,per_chunk"]
 
 
 def main(argv=None) -> int:
@@ -36,8 +38,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_args(p, sample=True, retriever_default="dense")
     add_method_args(p, "efficientrag")
-    p.add_argument("--grid", nargs="+", default=["tag_threshold=0.3,0.5,0.7", "token_threshold=0.3,0.5",
-                                                  "query_mode=merged,per_chunk"], metavar="NAME=V1,V2")
+    grid = p.add_mutually_exclusive_group()
+    grid.add_argument("--grid", nargs="+", default=None, metavar="NAME=V1,V2",
+                      help="the grid's items (default: tag_threshold=0.3,0.5,0.7 token_threshold=0.3,0.5 "
+                           "query_mode=merged,per_chunk)")
+    grid.add_argument("--grid-file", type=Path, metavar="YAML",
+                      help="the items from a file's `grid:` list (the recipe's: effrag/configs/efficientrag_recipe.yaml)")
     p.add_argument("--chunk-budget", type=float, default=None, help="best = highest recall with at most this many "
                    "average chunks (default: highest recall, fewer chunks on ties)")
     p.add_argument("--batch-size", type=int, default=64, help="questions per loop call")
@@ -50,9 +56,10 @@ def main(argv=None) -> int:
     from effrag.cli_args import method_options
     from effrag.setup import RunSetup
     from effrag.pipelines import build_pipeline
-    from effrag.tuning import parse_grid, run_grid, tuning_setup
+    from effrag.tuning import parse_grid, read_grid_file, run_grid, tuning_setup
 
     try:
+        args.grid = read_grid_file(args.grid_file) if args.grid_file else args.grid or DEFAULT_GRID
         grid = parse_grid(args.grid)
     except ValueError as e:
         p.error(str(e))

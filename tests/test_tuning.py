@@ -99,6 +99,28 @@ def test_direct_r_curve():
     assert [c["avg_chunks"] for c in curve] == [1.0, 2.0, 3.0]
 
 
+def test_the_recipe_grid_is_a_yaml_file_and_a_bad_one_names_its_item(tmp_path):
+    """effrag/configs/efficientrag_recipe.yaml holds the grid scripts/train_efficientrag.sh tunes (TUNE_GRID used to
+    hold it in the script: the same items); scripts/tune_efficientrag.py --grid-file reads it."""
+    from effrag import configs
+    from effrag.tuning import read_grid_file
+
+    items = read_grid_file(configs.path("efficientrag_recipe"))
+    assert items == ("first_hop_k=20,30 hop_k=10 max_hops=2,3 labeler_top=2 tag_threshold=0.5 token_threshold=0.1 "
+                     "query_chunks=1,2 filter_threshold=0.2 pool_source=seen pool_order=rank rescore_top=20 "
+                     "rank_query=query,info retrieval_weight=1,2,3 requery_weight=1,1.5,2").split()
+    assert len(parse_grid(items)) == 2 * 2 * 2 * 2 * 3 * 3
+    recipe = (configs.path("labeler").parents[2] / "scripts" / "train_efficientrag.sh").read_text()
+    assert "--grid-file effrag/configs/efficientrag_recipe.yaml" in recipe and 'read -ra grid_args <<< "$TUNE_GRID"' in recipe
+    bad = tmp_path / "grid.yaml"
+    bad.write_text("grid:\n  - hop_k=5,10\n  - tag_treshold=0.3\n")
+    with pytest.raises(ValueError, match=rf"^{bad}: grid\[1\]: bad grid item 'tag_treshold=0.3'"):
+        read_grid_file(bad)
+    bad.write_text("grid: hop_k=5\n")
+    with pytest.raises(ValueError, match="expected `grid:` as a list of NAME=V1,V2 strings"):
+        read_grid_file(bad)
+
+
 def test_run_grid_writes_the_tuning_folder_and_resumes(tiny_efficientrag_dirs, tmp_path):
     """A real (tiny) Labeler/Filter loop over BM25: every config scored once, best within the budget,
     a rerun pays nothing for finished configs, a widened grid runs only the new ones, a torn line is cut."""

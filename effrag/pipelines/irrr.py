@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -152,6 +153,22 @@ class IRRRRunner:
                 "steps": s["steps"], "timing": s["timing"], "passages": s.get("passages", {})}
 
 
+def read_irrr_config(path: str | Path | None) -> dict[str, Any]:
+    """The IRRR loop options in ``path`` (a JSON object of :class:`IRRRConfig` fields: a tuner's ``best.json``,
+    :mod:`effrag.tuning.irrr`); None gives none. Unknown fields fail when the pipeline is built, naming them."""
+    import json
+
+    if path is None:
+        return {}
+    try:
+        config = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read a JSON object ({e})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: expected a JSON object of IRRR options, got {type(config).__name__}")
+    return config
+
+
 def outcome(steps: list[dict], return_k: int | None = None, fill_order: str = "rerank") -> dict:
     """Answer, returned ids and answerability from a run's step trace.
 
@@ -203,7 +220,7 @@ class IRRRPipeline(Pipeline):
 
     def __init__(self, retriever, irrr_model=DEFAULT_MODEL, k: int | None = None,
                  config: IRRRConfig | dict | None = None, generator: Any = None, **options: Any):
-        from ..models import IRRRModel
+        from ..models import HEADS_NAME, IRRRModel
         from ..pretrained import resolve_model
 
         base = asdict(config) if isinstance(config, IRRRConfig) else dict(config or {})
@@ -215,8 +232,8 @@ class IRRRPipeline(Pipeline):
             raise ValueError(f"unknown IRRR option(s) {sorted(unknown)}; known: {sorted(IRRRConfig.__dataclass_fields__)}")
         if not isinstance(irrr_model, torch.nn.Module):
             path = resolve_model(irrr_model or DEFAULT_MODEL)
-            if not (path / "heads.safetensors").is_file():
-                raise FileNotFoundError(f"IRRR checkpoint {path}: no heads.safetensors there (train one with "
+            if not (path / HEADS_NAME).is_file():
+                raise FileNotFoundError(f"IRRR checkpoint {path}: no {HEADS_NAME} there (train one with "
                                         "`python scripts/train_models.py --models irrr --name all --processes 2`)")
             irrr_model = IRRRModel.from_pretrained(path)
         model = irrr_model

@@ -7,8 +7,8 @@ configs, per dataset and jointly over datasets (``loop.json``).
 """
 from .efficientrag import (GRID_TYPES, CachedModel, CachedRetriever, best_per_budget, best_within, candidates,
                            direct_r_curve, forwards, loop_key, model_fingerprint, pareto, parse_grid, run_grid, score_results,
-                           tuning_report, tuning_setup)
+                           read_grid_file, tuning_report, tuning_setup)
 
 __all__ = ["GRID_TYPES", "CachedModel", "CachedRetriever", "best_per_budget", "best_within", "candidates",
            "direct_r_curve", "forwards", "loop_key", "model_fingerprint", "pareto", "parse_grid", "run_grid", "score_results",
-           "tuning_report", "tuning_setup"]
+           "read_grid_file", "tuning_report", "tuning_setup"]

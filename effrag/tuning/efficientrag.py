@@ -23,6 +23,7 @@ from ..evaluation.metrics import recall
 from ..pipelines.efficientrag import EfficientRAGConfig
 from ..pipelines.result import Result
 
+
 def _bool(v: str) -> bool:
     if v.lower() not in ("true", "false"):
         raise ValueError(f"expected true or false, got {v!r}")
@@ -70,29 +71,11 @@ class CachedModel:
 
 
 def model_fingerprint(path: str | Path, with_options: bool = False) -> str | None:
-    """Short hash of a checkpoint's recorded weight-file hashes (``effrag_config.json`` ``files``; with
-    ``with_options``, its options too, e.g. a reader's tuned decoding): part of a tuning folder's setup or
-    an eval run's config, so that a model retrained (or retuned) at the same path never resumes the old
-    model's rows. Only the weight files count: a retrained model has new weights, and the records of
-    config.json and the tokenizer, added later, leave the fingerprints of earlier checkpoints as they were."""
-    import fnmatch
-    import hashlib
-    import json
+    """A checkpoint's :func:`effrag.models.fingerprint` (its recorded weight hashes), as tuning setups and run
+    configs record it; imported on use, so that reading tuning folders needs no torch."""
+    from ..models.model_files import fingerprint
 
-    from ..models.model_files import WEIGHT_PATTERNS
-
-    try:
-        meta = json.loads((Path(path) / "effrag_config.json").read_text())
-        files = meta.get("files")
-        if isinstance(files, dict):  # file records other than weights left out (a vote folder's members are kept)
-            files = {k: v for k, v in files.items()
-                     if not (isinstance(v, dict) and "sha256" in v) or any(fnmatch.fnmatch(k, p) for p in WEIGHT_PATTERNS)}
-    except (OSError, ValueError, AttributeError):
-        return None
-    if not files:
-        return None
-    what = {"files": files, "options": meta.get("options")} if with_options else files
-    return hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+    return fingerprint(path, with_options)
 
 
 def parse_grid(items: Sequence[str]) -> list[dict[str, Any]]:
@@ -111,6 +94,27 @@ def parse_grid(items: Sequence[str]) -> list[dict[str, Any]]:
             raise ValueError(f"grid item {item!r} has no values")
     names = list(axes)
     return [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
+
+
+def read_grid_file(path: str | Path) -> list[str]:
+    """The ``grid:`` list of ``NAME=V1,V2`` items of a YAML file (``effrag/configs/efficientrag_recipe.yaml``), each
+    checked by :func:`parse_grid`; a bad file is one error naming it and the item."""
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"{path}: cannot read a grid file ({' '.join(str(e).split())})") from None
+    items = data.get("grid") if isinstance(data, dict) else None
+    if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
+        raise ValueError(f"{path}: expected `grid:` as a list of NAME=V1,V2 strings")
+    for n, item in enumerate(items):
+        try:
+            parse_grid([item])
+        except ValueError as e:
+            raise ValueError(f"{path}: grid[{n}]: {e}") from None
+    return items
 
 
 def forwards(hops: Sequence[dict]) -> list[int]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from effrag.data import Corpus, load_questions, sample_files
+from helpers import reset_accelerate
 
 ROOT = Path(__file__).parents[1]
 
@@ -31,14 +32,6 @@ def pytest_configure(config):
     write_command_entry_points(root)
     sys.path.insert(0, str(root))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
-
-
-def reset_accelerate() -> None:
-    """Accelerator state is a process singleton: every in-process run needs a clean one."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 @pytest.fixture(autouse=True)
@@ -89,6 +82,27 @@ def tiny_efficientrag_dirs(tmp_path_factory):
     from helpers import make_tiny_efficientrag
 
     return make_tiny_efficientrag(tmp_path_factory.mktemp("tiny_efficientrag"))
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """One torch thread during a training test, and a clean accelerate state after it
+    (``pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")``)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    reset_accelerate()
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict:
+    """A tiny ELECTRA base and learnable Labeler / Filter files (tests/helpers.py ``make_tiny_training_data``)."""
+    from helpers import make_tiny_training_data
+
+    return make_tiny_training_data(tmp_path_factory.mktemp("train"))
 
 
 @pytest.fixture(scope="module")

@@ -82,18 +82,21 @@ def test_shipped_names_resolve_and_an_unshipped_one_names_its_training_command(m
 
 
 @pytest.mark.parametrize("kind", ["reader", "irrr"])
-def test_export_of_a_reader_or_irrr_checkpoint_loads_by_path(kind, tmp_path, load_script):
-    """scripts/export_pretrained.py --kind reader|irrr: the folder that ships as reader-all / irrr-all."""
+def test_export_of_a_reader_or_irrr_checkpoint_loads_by_path(kind, tmp_path):
+    """effrag.training.install.export_checkpoint (scripts/export_pretrained.py --kind reader|irrr): the folder that
+    ships as reader-all / irrr-all."""
     from effrag.models import IRRRModel, load_model, load_reader
     from effrag.models.reader import ExtractiveReader
 
-    from test_models import make_base
+    from helpers import make_base
 
     cls = ExtractiveReader if kind == "reader" else IRRRModel
     src = tmp_path / "src"
     cls.from_encoder(make_base("electra", tmp_path / "base"), {"max_length": 64}).save_pretrained(src)
     (src / "README.md").write_text("# training card\n")
-    load_script("export_pretrained").main(["--kind", kind, "--src", str(src), "--dst", str(tmp_path / "dst")])
+    from effrag.training.install import export_checkpoint
+
+    export_checkpoint(kind, src, tmp_path / "dst")
     dst = tmp_path / "dst"
     assert (dst / COMPACT_NAME).is_file() and (dst / "TRAINING.md").is_file()
     assert json.loads((dst / "export.json").read_text())["int8_bytes"][kind] > 0

@@ -1,4 +1,5 @@
-"""Loaders, corpus and gold mapping on the bundled real sample, and on broken input."""
+"""Loaders, corpus and gold mapping on the bundled real sample, and on broken input (bytes that are not UTF-8 and
+2Wiki's answer aliases: test_data_encoding.py)."""
 from __future__ import annotations
 
 import json
@@ -12,16 +13,7 @@ from effrag.data import (
     Corpus, CorpusError, DataFormatError, Passage, build_corpus, detect_format, load_questions,
     map_gold, passage_id, sample_files, sample_path,
 )
-
-
-def raw(dataset: str, split: str = "dev") -> list[dict]:
-    return [json.loads(line) for line in sample_path(dataset, split).read_text("utf-8").splitlines()]
-
-
-def write_jsonl(path: Path, records: list) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), "utf-8")
-    return path
+from helpers import raw_records, write_jsonl
 
 
 # ---------------------------------------------------------------- loaders on real records
@@ -36,7 +28,7 @@ def test_hotpotqa_known_record():
     assert [p.title for p in q.gold] == ["Sigmund Jähn", "Christer Fuglesang"]
     assert q.supporting_sentences == [[0], [0, 1]]
     assert len(q.contexts) == 10 and all(g in q.contexts for g in q.gold)
-    rec = raw("hotpotqa")[0]
+    rec = raw_records("hotpotqa")[0]
     sents = dict((t, s) for t, s in rec["context"])["Christer Fuglesang"]
     gold = q.gold[1]
     assert gold.text == "".join(sents).strip()  # HotpotQA sentences carry their own leading space
@@ -52,7 +44,7 @@ def test_2wikimqa_known_records():
     assert q.evidences[:2] == [("Enemmy", "publication date", "2013"),
                                ("Samson and His Mighty Challenge", "publication date", "1964")]
     assert q.decomposition == []
-    sents = dict((t, s) for t, s in raw("2wikimqa")[0]["context"])["Enemmy"]
+    sents = dict((t, s) for t, s in raw_records("2wikimqa")[0]["context"])["Enemmy"]
     assert q.gold[0].text == " ".join(sents)  # 2Wiki sentences have no leading space
     # a bridge-comparison question with four gold passages, in supporting-fact order
     q4 = load_questions(sample_path("2wikimqa", "train"))[1]
@@ -103,14 +95,14 @@ def test_gold_in_hop_order_for_every_sample_record():
     for ds in ("hotpotqa", "2wikimqa"):
         changed = 0
         for split in ("train", "dev"):
-            for q, rec in zip(load_questions(sample_path(ds, split)), raw(ds, split)):
+            for q, rec in zip(load_questions(sample_path(ds, split)), raw_records(ds, split)):
                 first_seen = list(dict.fromkeys(t for t, _ in rec["supporting_facts"]))
                 assert [p.title for p in q.gold] == first_seen
                 context_order = [t for t, _ in rec["context"] if t in first_seen]
                 changed += context_order != first_seen
         assert changed > 0, f"{ds}: no record where hop order differs from context order"
     for split in ("train", "dev"):
-        for q, rec in zip(load_questions(sample_path("musique", split)), raw("musique", split)):
+        for q, rec in zip(load_questions(sample_path("musique", split)), raw_records("musique", split)):
             paras = {p["idx"]: p for p in rec["paragraphs"]}
             want = [paras[s["paragraph_support_idx"]]["title"] for s in rec["question_decomposition"]]
             assert [p.title for p in q.gold] == want
@@ -125,13 +117,13 @@ def test_bamboogle_and_strategyqa():
     assert len({q.id for q in b}) == 10
     s = load_questions(sample_path("strategyqa"))
     assert s[0].id == "e0044a7b4d146d611e73" and s[0].answers == ["no"]
-    assert [r["answer"] for r in raw("strategyqa")].count(True) == sum(q.answers == ["yes"] for q in s)
+    assert [r["answer"] for r in raw_records("strategyqa")].count(True) == sum(q.answers == ["yes"] for q in s)
     assert s[0].decomposition[4].question == "Is #3 smaller than #4?"
     assert [d.dependencies for d in s[0].decomposition] == [[], [], [0], [1], [2, 3]]
 
 
 def test_detect_format_and_override(tmp_path):
-    assert [detect_format(raw(ds)[0]) for ds in ("hotpotqa", "2wikimqa", "musique", "bamboogle", "strategyqa")] == [
+    assert [detect_format(raw_records(ds)[0]) for ds in ("hotpotqa", "2wikimqa", "musique", "bamboogle", "strategyqa")] == [
         "hotpotqa", "2wikimqa", "musique", "bamboogle", "strategyqa"]
     with pytest.raises(DataFormatError, match="unknown record format"):
         detect_format({"foo": 1})
@@ -153,14 +145,14 @@ def test_limit():
 def test_json_array_equals_jsonl(tmp_path):
     for ds in ("hotpotqa", "2wikimqa", "musique", "bamboogle", "strategyqa"):
         arr = tmp_path / f"{ds}.json"
-        arr.write_text(json.dumps(raw(ds), indent=1), "utf-8")
+        arr.write_text(json.dumps(raw_records(ds), indent=1), "utf-8")
         assert [q.to_json() for q in load_questions(arr)] == [q.to_json() for q in load_questions(sample_path(ds))]
 
 
 # ---------------------------------------------------------------- malformed input
 
 def test_missing_field_names_file_line_field(tmp_path):
-    recs = raw("hotpotqa")[:5]
+    recs = raw_records("hotpotqa")[:5]
     del recs[2]["answer"]
     p = write_jsonl(tmp_path / "hotpotqa" / "dev.jsonl", recs)
     with pytest.raises(DataFormatError) as e:
@@ -169,7 +161,7 @@ def test_missing_field_names_file_line_field(tmp_path):
 
 
 def test_bad_supporting_fact_title(tmp_path):
-    recs = raw("hotpotqa")[:3]
+    recs = raw_records("hotpotqa")[:3]
     recs[1]["supporting_facts"][0][0] = "No Such Title"
     p = write_jsonl(tmp_path / "dev.jsonl", recs)
     with pytest.raises(DataFormatError, match=r"dev\.jsonl:2: field 'supporting_facts': title 'No Such Title' not in context"):
@@ -177,15 +169,15 @@ def test_bad_supporting_fact_title(tmp_path):
 
 
 def test_bad_nested_fields(tmp_path):
-    m = raw("musique")[:2]
+    m = raw_records("musique")[:2]
     m[1]["question_decomposition"][1]["paragraph_support_idx"] = 99
     with pytest.raises(DataFormatError, match=r"m\.jsonl:2: field 'question_decomposition\[1\]\.paragraph_support_idx': no paragraph with idx 99"):
         load_questions(write_jsonl(tmp_path / "m.jsonl", m))
-    w = raw("2wikimqa")[:1]
+    w = raw_records("2wikimqa")[:1]
     w[0]["context"][3] = ["title only"]
     with pytest.raises(DataFormatError, match=r"w\.jsonl:1: field 'context\[3\]': expected \[title"):
         load_questions(write_jsonl(tmp_path / "w.jsonl", w))
-    s = raw("strategyqa")[:1]
+    s = raw_records("strategyqa")[:1]
     s[0]["answer"] = "yes"
     with pytest.raises(DataFormatError, match=r"s\.jsonl:1: field 'answer': expected bool, got str"):
         load_questions(write_jsonl(tmp_path / "s.jsonl", s))
@@ -198,7 +190,7 @@ def test_bad_json_line_and_array_index(tmp_path):
     p.write_text("\n".join(lines) + "\n", "utf-8")
     with pytest.raises(DataFormatError, match=r"b\.jsonl:4: invalid JSON"):
         load_questions(p)
-    recs = raw("hotpotqa")[:4]
+    recs = raw_records("hotpotqa")[:4]
     del recs[3]["context"]
     arr = tmp_path / "h.json"
     arr.write_text(json.dumps(recs), "utf-8")
@@ -207,14 +199,14 @@ def test_bad_json_line_and_array_index(tmp_path):
 
 
 def test_duplicate_question_id(tmp_path):
-    recs = raw("musique")[:3]
+    recs = raw_records("musique")[:3]
     recs.append(recs[1])
     with pytest.raises(DataFormatError, match=r"d\.jsonl:4: field 'id': duplicate question id '.*' \(first at .*d\.jsonl:2\)"):
         load_questions(write_jsonl(tmp_path / "d.jsonl", recs))
 
 
 def test_skip_malformed_counts_and_warns(tmp_path, caplog):
-    recs = raw("2wikimqa")
+    recs = raw_records("2wikimqa")
     del recs[4]["supporting_facts"]
     recs[9]["supporting_facts"][0][0] = "Nowhere"
     p = write_jsonl(tmp_path / "w.jsonl", recs)
@@ -343,106 +335,3 @@ def test_an_empty_dataset_file_says_so(tmp_path):
         load_questions(tmp_path / "empty.jsonl")
     with pytest.raises(DataFormatError, match="empty file"):
         load_questions(tmp_path / "empty.jsonl", skip_malformed=True)
-
-
-# ---------------------------------------------------------------- bytes that are not UTF-8
-
-def _bamboogle_lines(n: int) -> list[bytes]:
-    return [json.dumps({"Question": f"Question number {i}?", "Answer": f"answer {i}"}).encode() for i in range(n)]
-
-
-def test_non_utf8_byte_in_jsonl_names_file_line_column_and_offset(tmp_path):
-    lines = _bamboogle_lines(20)
-    lines[16] = b'{"Qu\xffestion": "x", "Answer": "y"}'  # line 17, column 5
-    path = tmp_path / "data.jsonl"
-    path.write_bytes(b"\n".join(lines) + b"\n")
-    offset = sum(len(line) + 1 for line in lines[:16]) + 4
-    with pytest.raises(DataFormatError) as e:
-        load_questions(path)
-    assert str(e.value).startswith(f"{path}:17: not UTF-8 (byte 0xff at column 5, byte offset {offset})")
-    assert path.read_bytes()[offset] == 0xFF
-    # like invalid JSON, a line with a bad byte is one malformed record that can be skipped
-    qs, rep = load_questions(path, skip_malformed=True, report=True)
-    assert len(qs) == 19 and rep.skipped == 1 and f"{path}:17: not UTF-8" in rep.errors[0]
-
-
-def test_non_utf8_byte_in_json_array_names_its_line(tmp_path):
-    recs = [{"Question": f"Q {i}?", "Answer": "a"} for i in range(3)]
-    text = json.dumps(recs, indent=2).encode()  # one key per line
-    bad = text.index(b"Q 2?")  # "Q 2?" is on line 12 of the indented array
-    path = tmp_path / "data.json"
-    path.write_bytes(text[:bad] + b"\xe9" + text[bad + 1:])  # Latin-1 'é' in place of 'Q'
-    line = text[:bad].count(b"\n") + 1
-    column = bad - text.rindex(b"\n", 0, bad)
-    with pytest.raises(DataFormatError, match=rf"data\.json:{line}: not UTF-8 \(byte 0xe9 at column {column}, "
-                                              rf"byte offset {bad}\)"):
-        load_questions(path)
-    with pytest.raises(DataFormatError, match=rf"data\.json:{line}: not UTF-8"):  # skip_malformed cannot save an array
-        load_questions(path, skip_malformed=True)
-
-
-def test_non_utf8_byte_in_corpus_jsonl_names_line(tmp_path):
-    path = tmp_path / "corpus.jsonl"
-    rows = [json.dumps({"id": str(i), "title": "T", "text": f"text {i}"}).encode() for i in range(5)]
-    rows[3] = b'{"id": "3", "title": "Caf\xe9", "text": "x"}'  # Latin-1 file
-    path.write_bytes(b"\r\n".join(rows) + b"\r\n")
-    offset = sum(len(r) + 2 for r in rows[:3]) + rows[3].index(b"\xe9")
-    assert rows[3].index(b"\xe9") + 1 == 26
-    with pytest.raises(DataFormatError, match=rf"corpus\.jsonl:4: not UTF-8 \(byte 0xe9 at column 26, "
-                                              rf"byte offset {offset}\)"):
-        Corpus.from_jsonl(path)
-
-
-def test_jsonl_lines_end_at_newline_only(tmp_path):
-    """U+2028 / U+2029 may stand raw inside JSON strings (json.dumps(ensure_ascii=False) writes them)."""
-    path = write_jsonl(tmp_path / "b.jsonl", [{"Question": "line\u2028separator?", "Answer": "a\u2029b"},
-                                              {"Question": "second?", "Answer": "c"}])
-    qs = load_questions(path)
-    assert [q.question for q in qs] == ["line\u2028separator?", "second?"] and qs[0].answers == ["a\u2029b"]
-
-
-# ---------------------------------------------------------------- 2Wiki v1.1 answer aliases
-
-def test_2wikimqa_keeps_answer_id_only_for_2wiki():
-    q = load_questions(sample_path("2wikimqa"))[0]
-    assert q.answer_id == raw("2wikimqa")[0]["answer_id"] == "Q1150195"
-    assert load_questions(sample_path("hotpotqa"))[0].answer_id is None
-    assert q.to_json()["answer_id"] == "Q1150195"
-
-
-def test_alias_file_extends_2wiki_answers_with_aliases_and_demonyms(tmp_path):
-    from effrag.data.aliases import apply_answer_aliases, load_answer_aliases
-
-    path = tmp_path / "id_aliases.json"
-    path.write_text(
-        '{"Q_id": "Q1150195", "aliases": ["Samson and the Mighty Challenge", " "], "demonyms": []}\n'
-        '{"Q_id": "Q30", "aliases": ["USA", "United States of America"], "demonyms": ["American", "USA"]}\n'
-        '{"Q_id": "Q142", "aliases": ["France"]}\n', "utf-8")
-    aliases = load_answer_aliases(path)
-    assert aliases == {"Q1150195": ["Samson and the Mighty Challenge"],
-                       "Q30": ["USA", "United States of America", "American"], "Q142": ["France"]}
-    qs = load_questions(sample_path("2wikimqa"))
-    before = [list(q.answers) for q in qs]
-    first = qs[0]
-    assert apply_answer_aliases(qs, aliases) >= 1
-    assert qs[0].answers == ["Samson And His Mighty Challenge", "Samson and the Mighty Challenge"]
-    assert first.answers == before[0]  # the Question object itself is not changed: the list holds a copy
-    for q, b in zip(qs, before):
-        assert q.answers[: len(b)] == b  # the gold answer stays first
-        assert q.answers == b or q.answer_id in aliases
-
-
-def test_alias_file_errors(tmp_path):
-    from effrag.data.aliases import apply_answer_aliases, load_answer_aliases
-
-    with pytest.raises(FileNotFoundError, match="alias file not found"):
-        load_answer_aliases(tmp_path / "nope.json")
-    bad = tmp_path / "a.json"
-    bad.write_text('{"Q_id": "Q1", "aliases": []}\n{"id": "Q2", "aliases": []}\n', "utf-8")
-    with pytest.raises(DataFormatError, match=r"a\.json:2: field 'Q_id': missing"):
-        load_answer_aliases(bad)
-    bad.write_text('{"Q_id": "Q1", "aliases": "Paris"}\n', "utf-8")
-    with pytest.raises(DataFormatError, match=r"a\.json:1: field 'aliases': expected a list of strings"):
-        load_answer_aliases(bad)
-    with pytest.raises(ValueError, match="2WikiMultihopQA questions with an 'answer_id'.*hotpotqa"):
-        apply_answer_aliases(load_questions(sample_path("hotpotqa")), {"Q1": ["x"]})

@@ -79,7 +79,7 @@ def models(tmp_path_factory):
     from effrag.models import IRRRModel
     from effrag.models.reader import ExtractiveReader
 
-    from test_models import make_base
+    from helpers import make_base
 
     root = tmp_path_factory.mktemp("stand-ins")
     base = None

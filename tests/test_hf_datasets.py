@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 datasets = pytest.importorskip("datasets")
-sys.path.insert(0, str(Path(__file__).parent))
 
 from effrag.data import Corpus, DataFormatError, load_questions, map_gold, sample_path  # noqa: E402
 from effrag.data.hf_layouts import to_hf  # noqa: E402
@@ -183,7 +182,7 @@ def test_synthesize_writes_a_datasetdict_resumably(saved, tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory) -> dict:
-    from test_models import copy_records, make_base
+    from helpers import copy_records, make_base
 
     root = tmp_path_factory.mktemp("arrowtrain")
     recs = copy_records(40)
@@ -193,7 +192,7 @@ def tiny_data(tmp_path_factory) -> dict:
 
 
 def _train(tiny_data: dict, train_file: Path, out: Path, **data) -> dict:
-    from test_training import reset_accelerate
+    from helpers import reset_accelerate
 
     from effrag.training import load_config, train
 

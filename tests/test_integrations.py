@@ -12,38 +12,15 @@ import json
 import os
 
 import pytest
-import torch
 
 os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")  # no posthog calls from tests
 
 from effrag.data import Corpus, load_questions, sample_path  # noqa: E402
 from effrag.integrations import ChunkSource, as_source  # noqa: E402
 
+from helpers import save_tiny_models  # noqa: E402
+
 K = 5
-CHUNK_SCALE = 4.0
-
-
-def save_tiny_models(root):
-    """A tiny Labeler and Filter (2-layer BERT, MiniLM tokenizer) in the effrag checkpoint format."""
-    from transformers import AutoModel, BertConfig
-
-    from effrag.models import FilterModel, LabelerModel
-    from effrag.models.heads import load_tokenizer, resolve_encoder
-
-    torch.manual_seed(0)
-    tok = load_tokenizer(resolve_encoder("minilm"))
-    dirs = {}
-    for name, cls in (("labeler", LabelerModel), ("filter", FilterModel)):
-        cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=512)
-        model = cls(AutoModel.from_config(cfg), tok, {"max_length": 256})
-        with torch.no_grad():  # word keep probabilities spread widely; p(<Continue>) stays near 0.5
-            model.token_head.proj.weight.mul_(40.0)
-            if name == "labeler":
-                model.chunk_head.proj.weight.mul_(CHUNK_SCALE)
-        model.save_pretrained(root / name)
-        dirs[name] = root / name
-    return dirs
 
 
 @pytest.fixture(scope="module")

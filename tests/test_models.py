@@ -2,124 +2,19 @@
 
 Tiny DeBERTa-v2 (sentencepiece tokenizer, as DeBERTa-v3) and ELECTRA (WordPiece) encoders are
 built from configs in code with tokenizers trained on the bundled sample: no download.
-The helpers here are reused by test_training.py.
+The tiny encoders and records come from tests/helpers.py.
 """
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from effrag.data import sample_path
 from effrag.models import FilterModel, LabelerModel, load_model
 from effrag.models.tokenization import IGNORE, encode_pairs, encode_singles, pad_batch
-from effrag.text import words
-
-
-# -- tiny encoders ---------------------------------------------------------------------------------
-def sample_texts(n_questions: int = 40) -> list[str]:
-    out = []
-    with open(sample_path("hotpotqa", "train")) as f:
-        for line in list(f)[:n_questions]:
-            r = json.loads(line)
-            out.append(r["question"])
-            out += [s for _, sents in r["context"][:4] for s in sents]
-    return out
-
-
-def make_wordpiece_tokenizer(vocab_size: int = 300):
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok.train_from_iterator(sample_texts(), trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                                   sep_token="[SEP]", mask_token="[MASK]")
-
-
-def make_spm_tokenizer(folder: Path, vocab_size: int = 300):
-    """A DeBERTa-v3 style sentencepiece tokenizer (DebertaV2Tokenizer must come from from_pretrained(dir))."""
-    import sentencepiece as spm
-    from transformers import DebertaV2Tokenizer
-
-    buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sample_texts(20)), model_writer=buf, vocab_size=vocab_size, model_type="unigram",
-        pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece="[PAD]", bos_piece="[CLS]", eos_piece="[SEP]",
-        unk_piece="[UNK]", user_defined_symbols=["[MASK]"], minloglevel=2)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "spm.model").write_bytes(buf.getvalue())
-    return DebertaV2Tokenizer.from_pretrained(str(folder))
-
-
-def make_base(kind: str, folder: Path, dropout: float = 0.0) -> str:
-    """Save a tiny randomly initialised encoder + tokenizer into ``folder`` (an encoder dir like MiniLM's)."""
-    from transformers import AutoModel, DebertaV2Config, ElectraConfig, LlamaConfig
-
-    torch.manual_seed(0)
-    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                  max_position_embeddings=256, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
-    if kind == "deberta":
-        tok = make_spm_tokenizer(folder / "_spm")
-        cfg = DebertaV2Config(vocab_size=len(tok), relative_attention=True, position_buckets=64, type_vocab_size=0,
-                              pos_att_type=["p2c", "c2p"], position_biased_input=False, pad_token_id=tok.pad_token_id,
-                              **common)
-    elif kind == "electra":
-        tok = make_wordpiece_tokenizer()
-        cfg = ElectraConfig(vocab_size=len(tok), embedding_size=32, pad_token_id=tok.pad_token_id, **common)
-    elif kind == "llama":  # a decoder LM as the tagger backbone (SmolLM2's family)
-        tok = make_wordpiece_tokenizer()
-        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                          num_key_value_heads=1, intermediate_size=64, max_position_embeddings=256,
-                          attention_dropout=dropout, pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
-    else:
-        raise ValueError(kind)
-    AutoModel.from_config(cfg).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return str(folder)
-
-
-def copy_records(n: int, seed: int = 0, length: int = 12) -> list[dict]:
-    """Learnable Labeler records: a fixed set of "useful" words is labelled 1, and a chunk
-    containing them is tagged <Continue>; other chunks have none, all-zero labels and <Terminate>.
-    (Lexical, so a tiny random encoder generalises from a few dozen examples.)"""
-    import random
-
-    rng = random.Random(seed)
-    vocab = sorted({w for t in sample_texts(10) for w in words(t) if w.isalpha() and len(w) > 3})
-    useful, other = vocab[:20], vocab[20:320]
-    out = []
-    for i in range(n):
-        related = i % 2 == 0
-        chunk = rng.sample(other, length)
-        if related:
-            for pos in rng.sample(range(length), length // 2):
-                chunk[pos] = rng.choice(useful)
-        labels = [int(w in useful) for w in chunk]
-        out.append({"qid": f"q{i}", "dataset": ["hotpotqa", "musique"][i % 3 == 0], "hop": 0,
-                    "query": " ".join(rng.sample(other, 4)) + "?", "chunk_id": f"c{i}", "chunk_words": chunk,
-                    "labels": labels, "tag": int(related), "source": "annotation"})
-    return out
-
-
-def filter_records(n: int, seed: int = 0) -> list[dict]:
-    """Filter records: keep the words after 'Info:'."""
-    out = []
-    for r in copy_records(n, seed):
-        ws = r["query"].split() + ["Info", ":"] + r["chunk_words"][:5]
-        out.append({"qid": r["qid"], "dataset": r["dataset"], "hop": 1, "words": ws,
-                    "labels": [0] * 6 + [1] * 5, "target": " ".join(ws[6:]), "source": "annotation"})
-    return out
+from helpers import copy_records, filter_records, make_base
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py

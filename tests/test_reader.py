@@ -1,27 +1,24 @@
 """The ``reader`` task: SearChain's extractive reader built from dataset files and trained by the one loop.
 
-A tiny encoder from test_models.py (built in code, no download) on records of the bundled sample.
+A tiny encoder from tests/helpers.py (built in code, no download) on records of the bundled sample.
 """
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_models import make_base  # noqa: E402
-from test_training import fresh_accelerate_state, reset_accelerate  # noqa: E402,F401  (autouse fixture)
-
-from effrag.data import sample_path  # noqa: E402
-from effrag.models import ExtractiveReader, load_model  # noqa: E402
-from effrag.training import evaluate_only, load_config, train  # noqa: E402
-from effrag.training.data import RecordError, read_jsonl  # noqa: E402
-from data_synthesis.reader_records import write_reader_data  # noqa: E402
-from effrag.training.tasks.reader import check_reader_record  # noqa: E402
+from data_synthesis.reader_records import write_reader_data
+from effrag.data import sample_path
+from effrag.models import ExtractiveReader, load_model
+from effrag.training import evaluate_only, load_config, train
+from effrag.training.data import RecordError, read_jsonl
+from effrag.training.tasks.reader import check_reader_record
+from helpers import make_base, reset_accelerate
 
 DATASETS = ("hotpotqa", "2wikimqa", "musique")
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +136,8 @@ def test_train_reader_reduces_loss_predicts_spans_and_round_trips(data, tmp_path
     assert evaluate_only(cfg, str(out / "last"))["span_loss"] == pytest.approx(ev["span_loss"], rel=1e-5)
 
     # the recipe's model card for it, from the run's own files
-    tm = load_script("train_models")
+    from effrag.training import install as tm  # scripts/train_models.py installs with it
+
     card = tm.model_card("tiny", "reader", out, ["accelerate", "launch", "train.py", "--config", "configs/reader.yaml"],
                          None, recipe="python scripts/train_models.py --models reader --name tiny")
     assert card.startswith("# reader-tiny\n") and "| all | " in card and "answer_exact" in card
@@ -273,6 +271,8 @@ def test_decoding_penalises_question_echoes_and_long_spans():
 
 
 def test_tune_reader_stores_the_best_decoding_in_the_checkpoint(reader_dir, tmp_path, load_script):
+    """scripts/tune_reader.py end to end (the script is under test: its report and --write), then the reader it
+    wrote and scripts/eval_reader.py over it."""
     import shutil
 
     from effrag.models.reader import DECODING_DEFAULTS
@@ -306,10 +306,11 @@ def test_tune_reader_stores_the_best_decoding_in_the_checkpoint(reader_dir, tmp_
     assert results["decoding"] == best["settings"] and results["results"]["musique"]["n"] == 3
 
 
-def test_eval_never_resumes_answers_of_a_retuned_reader(reader_dir, tmp_path, capsys, load_script):
+def test_eval_never_resumes_answers_of_a_retuned_reader(reader_dir, tmp_path, capsys):
     import shutil
 
     from effrag.cli import main
+    from effrag.tuning.reader import store_decoding
 
     ckpt = tmp_path / "reader"
     shutil.copytree(reader_dir, ckpt)
@@ -318,7 +319,7 @@ def test_eval_never_resumes_answers_of_a_retuned_reader(reader_dir, tmp_path, ca
             "--output", tmp_path / "out"]
     assert main([str(a) for a in argv]) == 0
     assert main([str(a) for a in argv]) == 0  # the same reader: resumes (nothing left to do)
-    load_script("tune_reader").store_decoding(ckpt, {"question_echo_penalty": 3.0}, {"command": "test"})
+    store_decoding(ckpt, {"question_echo_penalty": 3.0}, {"command": "test"})
     capsys.readouterr()
     assert main([str(a) for a in argv]) == 2  # new decoding, same path: the old answers are not the new reader's
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("effrag: error")]

@@ -6,13 +6,11 @@ different seeds so that they read differently.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_models import make_base  # noqa: E402
+from helpers import make_base  # noqa: E402
 
 from effrag.models import ExtractiveReader, ReaderVote, load_model, load_reader, load_reader_checkpoint  # noqa: E402
 from effrag.models.reader import ReaderAnswer  # noqa: E402

@@ -128,7 +128,7 @@ def _build(name, bm25, tmp_path, tiny_efficientrag_dirs):
         return build_pipeline(name, bm25, labeler=str(tiny_efficientrag_dirs["labeler"]),
                               filter=str(tiny_efficientrag_dirs["filter"]), hop_k=2, max_hops=2, tag_threshold=0.0)
     if name == "irrr":
-        from test_models import make_base
+        from helpers import make_base
 
         from effrag.models import IRRRModel
 

@@ -1,66 +1,24 @@
 """The one training loop: configs, data validation, train/eval/save, resume, 2 real processes, DeepSpeed.
 
-Tiny encoders come from test_models.py (built in code, no download). Multi-process runs use
+Tiny encoders and records come from tests/helpers.py (built in code, no download). Multi-process runs use
 the real launcher: ``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2``.
 """
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_models import copy_records, filter_records, make_base  # noqa: E402
+from effrag.models import FilterModel, LabelerModel, load_model
+from effrag.training import ConfigError, evaluate_only, load_config, train
+from effrag.training.data import RecordError, check_labeler_record, read_jsonl
+from helpers import REPO, copy_records, launch_training, reset_accelerate, tiny_overrides, weights
 
-from effrag.models import FilterModel, LabelerModel, load_model  # noqa: E402
-from effrag.training import ConfigError, evaluate_only, load_config, train  # noqa: E402
-from effrag.training.data import RecordError, check_labeler_record, read_jsonl  # noqa: E402
-from conftest import reset_accelerate  # noqa: E402,F401  (test_reader and test_hf_datasets import it from here)
-
-REPO = Path(__file__).resolve().parents[1]
-ACCELERATE = str(Path(sys.executable).parent / "accelerate")
-
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    reset_accelerate()
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("train")
-    base = make_base("electra", root / "base")
-    files = {}
-    for name, recs in (("labeler", copy_records(40)), ("filter", filter_records(40))):
-        for split, rows in (("train", recs), ("dev", copy_records(7, seed=1) if name == "labeler" else filter_records(7, 1))):
-            f = root / f"{name}_{split}.jsonl"
-            f.write_text("".join(json.dumps(r) + "\n" for r in rows))
-            files[f"{name}_{split}"] = str(f)
-    return {"root": root, "base": base, **files}
-
-
-def tiny_overrides(tiny: dict, task: str, out: Path, **extra) -> dict:
-    cfg = {
-        "task": task,
-        "model": {"name_or_path": tiny["base"], "max_length": 32, "head_dropout": 0.0},
-        "data": {"train_file": tiny[f"{task}_train"], "eval_files": [tiny[f"{task}_dev"]]},
-        "train": {"output_dir": str(out), "batch_size": 4, "eval_batch_size": 3, "lr": 2e-3, "log_every": 1,
-                  "mixed_precision": "no", "warmup_ratio": 0.2, "torch_threads": 1},
-    }
-    for key, value in extra.items():
-        section, name = key.split("__")
-        cfg[section][name] = value
-    return cfg
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py
 
 
 # -- config and data ------------------------------------------------------------------------------
@@ -191,12 +149,6 @@ def test_continue_from_saved_model_keeps_encoder_and_heads_with_new_options(tiny
     assert model.token_class_weights.tolist() == [1.0, 4.0]  # this run's options, not the saved ones
 
 
-def _weights(d: Path) -> dict:
-    from safetensors.torch import load_file
-
-    return {**load_file(str(d / "model.safetensors")), **load_file(str(d / "heads.safetensors"))}
-
-
 def test_resume_from_mid_epoch_checkpoint_continues_same_schedule(tiny, tmp_path):
     # 40 examples / batch 4 = 10 batches per epoch; checkpoint at step 14 is mid epoch 2
     a, b = tmp_path / "a", tmp_path / "b"
@@ -215,7 +167,7 @@ def test_resume_from_mid_epoch_checkpoint_continues_same_schedule(tiny, tmp_path
     assert [x["step"] for x in log_b if "train/lr" in x] == list(range(15, 21))
     lr_a = {x["step"]: x["train/lr"] for x in map(json.loads, (a / "log.jsonl").read_text().splitlines()) if "train/lr" in x}
     assert all(x["train/lr"] == pytest.approx(lr_a[x["step"]]) for x in log_b if "train/lr" in x)
-    wa, wb = _weights(a / "last"), _weights(b / "last")
+    wa, wb = weights(a / "last"), weights(b / "last")
     assert wa.keys() == wb.keys()
     for k in wa:
         assert torch.allclose(wa[k], wb[k], atol=1e-5), k
@@ -251,28 +203,8 @@ def test_wandb_offline_tracking(tiny, tmp_path, monkeypatch):
 
 
 # -- real multi-process runs -----------------------------------------------------------------------
-def _launch(tiny, out: Path, launcher: list[str], use_cpu: bool, **extra) -> dict:
-    cfg = tiny_overrides(tiny, "filter", out, train__max_steps=6, train__grad_accum=2, train__eval_every=3, **extra)
-    cfg_file = out.parent / f"{out.name}.yaml"
-    cfg_file.parent.mkdir(parents=True, exist_ok=True)
-    import yaml
-
-    cfg_file.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    # `--cpu --num_processes 2` silently runs one process; this is what gives 2 gloo processes on CPU.
-    # With DeepSpeed it must be unset (it would silently turn DeepSpeed off).
-    env.pop("ACCELERATE_USE_CPU", None)
-    if use_cpu:
-        env["ACCELERATE_USE_CPU"] = "true"
-    proc = subprocess.run([ACCELERATE, "launch", *launcher, "--num_processes", "2", "--num_machines", "1",
-                           "--mixed_precision", "no", "--dynamo_backend", "no", str(REPO / "train.py"),
-                           "--config", str(cfg_file)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads((out / "results.json").read_text())
-
-
 def test_two_cpu_processes_stay_in_sync(tiny, tmp_path):
-    res = _launch(tiny, tmp_path / "ddp", ["--multi_gpu"], use_cpu=True)
+    res = launch_training(tiny, tmp_path / "ddp", ["--multi_gpu"], use_cpu=True)
     info = json.loads((tmp_path / "ddp" / "run_info.json").read_text())
     assert info["num_processes"] == 2 and info["distributed_type"] == "DistributedType.MULTI_CPU"
     assert res["num_processes"] == 2 and res["ranks_in_sync"] is True
@@ -287,7 +219,7 @@ def test_two_cpu_processes_stay_in_sync(tiny, tmp_path):
 def test_deepspeed_zero2_on_cpu(tiny, tmp_path):
     """First run on a machine JIT-compiles DeepSpeed's shared-memory comm op (minutes); later runs ~1 min."""
     pytest.importorskip("deepspeed")
-    res = _launch(tiny, tmp_path / "ds", ["--use_deepspeed", "--deepspeed_config_file",
+    res = launch_training(tiny, tmp_path / "ds", ["--use_deepspeed", "--deepspeed_config_file",
                                            str(REPO / "configs" / "deepspeed" / "zero2.json")], use_cpu=False)
     info = json.loads((tmp_path / "ds" / "run_info.json").read_text())
     assert info["distributed_type"] == "DistributedType.DEEPSPEED"
@@ -295,11 +227,12 @@ def test_deepspeed_zero2_on_cpu(tiny, tmp_path):
     assert isinstance(load_model(tmp_path / "ds" / "last"), FilterModel)
 
 
-def test_recipe_passes_labeler_only_overrides(tmp_path, load_script):
-    """scripts/train_models.py: LABELER_ARGS (e.g. a SmolLM2 backbone) reach the Labeler's train.py, not the Filter's."""
+def test_recipe_passes_labeler_only_overrides(tmp_path):
+    """effrag.training.install (scripts/train_models.py): LABELER_ARGS (e.g. a SmolLM2 backbone) reach the Labeler's
+    train.py, not the Filter's."""
     import argparse
 
-    tm = load_script("train_models")
+    from effrag.training import install as tm
     args = argparse.Namespace(synth=str(tmp_path), labeler_overrides="--model.name_or_path smollm2 --train.lr 5e-5",
                               launch_args="--num_processes 1", processes=1, paper=False)
     shared = ["--data.max_train_examples", "100000"]
@@ -339,187 +272,3 @@ def test_a_missing_encoder_is_a_config_error_before_any_loading(tmp_path):
         check_encoder("nobody/not-a-cached-model", "model")
     cfg = load_config(Path(__file__).parents[1] / "configs" / "labeler_paper.yaml")  # loads; its encoder is checked at build
     assert cfg.model.name_or_path == "microsoft/deberta-v3-large"
-
-
-# -- rerunning into the same output directory: resume, finished, --overwrite (issue #14 §4.3) ------
-class Killed(BaseException):
-    """Stands for a SIGKILL in the middle of a step: nothing of the loop's own cleanup runs."""
-
-
-def _kill_during_step(monkeypatch, step: int, grad_accum: int) -> None:
-    """Make the run die in the first backward pass of optimizer step ``step`` (after step - 1 was logged)."""
-    from accelerate import Accelerator
-
-    calls = {"n": 0}
-    backward = Accelerator.backward
-
-    def dying_backward(self, loss, **kw):
-        calls["n"] += 1
-        if calls["n"] > (step - 1) * grad_accum:
-            raise Killed()
-        return backward(self, loss, **kw)
-
-    monkeypatch.setattr(Accelerator, "backward", dying_backward)
-
-
-def _log(out: Path) -> list[dict]:
-    return [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
-
-
-@pytest.mark.parametrize("kw, kill_at, resumed_from", [
-    # grouped batches, accumulation 2 (5 steps an epoch), checkpoints mid-epoch at 6 and 12, a log line
-    # every 4 steps (the loss average spans the checkpoint), eval every 5, cosine schedule
-    (dict(train__group_by_length=True, train__grad_accum=2, train__save_every=6, train__log_every=4,
-          train__eval_every=5, train__scheduler="cosine"), 18, 12),
-    # accelerate's seedable shuffle, a checkpoint at an epoch's end (step 10) after its end-of-epoch eval
-    (dict(train__save_every=10, train__log_every=3, train__eval_every=0), 13, 10),
-])
-def test_rerun_after_a_kill_resumes_and_ends_bit_identical_to_an_unbroken_run(tiny, tmp_path, monkeypatch, capsys,
-                                                                               kw, kill_at, resumed_from):
-    kw = dict(train__max_steps=20, train__save_total_limit=5, model__hidden_dropout=0.1, model__head_dropout=0.1, **kw)
-    a, b = tmp_path / "a", tmp_path / "b"
-    res_a = train(load_config(None, tiny_overrides(tiny, "filter", a, **kw)))
-    reset_accelerate()
-    with monkeypatch.context() as m:
-        _kill_during_step(m, kill_at, kw.get("train__grad_accum", 1))
-        with pytest.raises(Killed):
-            train(load_config(None, tiny_overrides(tiny, "filter", b, **kw)))
-    assert max(x["step"] for x in _log(b)) > resumed_from and not (b / "results.json").exists()  # to be cut
-    reset_accelerate()
-    capsys.readouterr()
-    res_b = train(load_config(None, tiny_overrides(tiny, "filter", b, **kw)))  # the same command again
-    said = capsys.readouterr().out
-    assert f"resuming from checkpoint {b / 'checkpoints' / f'step_{resumed_from:07d}'} at step {resumed_from} of 20" in said
-    assert res_b["examples_seen_per_process"] == (20 - resumed_from) * 4 * kw.get("train__grad_accum", 1)
-    log_a, log_b = _log(a), _log(b)
-    assert log_b == log_a  # losses, lrs, eval metrics: equal, and no step twice
-    train_steps = [x["step"] for x in log_b if "train/loss" in x]
-    assert len(train_steps) == len(set(train_steps))
-    for sub in ("last", "best"):
-        wa, wb = _weights(a / sub), _weights(b / sub)
-        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), sub
-    for key in ("global_step", "lr", "best_metric", "best_step", "eval", "param_checksums"):
-        assert res_b[key] == res_a[key], key
-    info = json.loads((b / "run_info.json").read_text())
-    assert [r["step"] for r in info["resumed"]] == [resumed_from]
-
-
-def test_two_fresh_runs_are_bit_identical(tiny, tmp_path):
-    kw = dict(train__max_steps=6, model__hidden_dropout=0.1, train__eval_every=3)
-    res = []
-    for name in ("a", "b"):
-        reset_accelerate()
-        res.append(train(load_config(None, tiny_overrides(tiny, "filter", tmp_path / name, **kw))))
-    wa, wb = _weights(tmp_path / "a" / "last"), _weights(tmp_path / "b" / "last")
-    assert all(torch.equal(wa[k], wb[k]) for k in wa) and _log(tmp_path / "a") == _log(tmp_path / "b")
-    assert res[0]["eval"] == res[1]["eval"]
-
-
-def test_rerun_of_a_finished_run_trains_nothing_and_overwrite_starts_afresh(tiny, tmp_path, capsys):
-    out = tmp_path / "run"
-    cfg = load_config(None, tiny_overrides(tiny, "filter", out, train__max_steps=4, train__save_every=2))
-    first = train(cfg)
-    log_before, mtime = (out / "log.jsonl").read_text(), (out / "last" / "heads.safetensors").stat().st_mtime_ns
-    reset_accelerate()
-    capsys.readouterr()
-    assert train(cfg) == first
-    assert "is a finished run (step 4 of 4" in capsys.readouterr().out
-    assert (out / "log.jsonl").read_text() == log_before
-    assert (out / "last" / "heads.safetensors").stat().st_mtime_ns == mtime
-    (out / "log.jsonl").write_text(log_before + log_before)  # would show as duplicates if kept
-    reset_accelerate()
-    again = train(cfg, overwrite=True)
-    assert "--overwrite: cleared" in capsys.readouterr().out
-    assert again["global_step"] == 4 and again["examples_seen_per_process"] == 16
-    assert (out / "log.jsonl").read_text() == log_before  # seeded: the same run again, once
-    (out / "notes.txt").write_text("mine")
-    with pytest.raises(ConfigError, match=r"--overwrite: .* holds files a training run does not write \(notes.txt\)"):
-        train(cfg, overwrite=True)
-    with pytest.raises(ConfigError, match="give one of them"):
-        train(load_config(None, tiny_overrides(tiny, "filter", tmp_path / "x", train__resume_from_checkpoint="latest")),
-              overwrite=True)
-
-
-def test_rerun_without_a_checkpoint_restarts_the_log(tiny, tmp_path, monkeypatch, capsys):
-    out = tmp_path / "run"
-    cfg = load_config(None, tiny_overrides(tiny, "filter", out, train__max_steps=5, train__save_every=4))
-    with monkeypatch.context() as m:
-        _kill_during_step(m, 3, 1)  # before the first checkpoint
-        with pytest.raises(Killed):
-            train(cfg)
-    assert [x["step"] for x in _log(out)] == [1, 2]
-    reset_accelerate()
-    res = train(cfg)
-    assert res["global_step"] == 5 and "resuming" not in capsys.readouterr().out
-    assert [x["step"] for x in _log(out) if "train/loss" in x] == [1, 2, 3, 4, 5]
-
-
-def test_explicit_resume_from_an_older_checkpoint_drops_the_later_history(tiny, tmp_path):
-    out = tmp_path / "run"
-    kw = dict(train__max_steps=9, train__save_every=3, train__save_total_limit=5)
-    res = train(load_config(None, tiny_overrides(tiny, "filter", out, **kw)))
-    ckpt3 = out / "checkpoints" / "step_0000003"
-    reset_accelerate()
-    again = train(load_config(None, tiny_overrides(tiny, "filter", out, train__resume_from_checkpoint=str(ckpt3), **kw)))
-    assert again["examples_seen_per_process"] == 6 * 4 and again["param_checksums"] == res["param_checksums"]
-    assert [x["step"] for x in _log(out) if "train/loss" in x] == list(range(1, 10))
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_0000003", "step_0000006"]
-
-
-@pytest.mark.parametrize("override, field", [
-    (["--task", "filtr"], "task: unknown 'filtr'"),
-    (["--train.batch_size", "-4"], "train.batch_size must be > 0, got -4"),
-    (["--train.lr", "-1e-4"], "train.lr must be > 0, got -0.0001"),
-    (["--train.scheduler", "linearr"], "train.scheduler must be one of linear, cosine"),
-    (["--model.name_or_path", "/no/such/encoder"], "model.name_or_path: '/no/such/encoder' is neither"),
-    (["--overwrite", "--resume_from_checkpoint", "latest"], "give one of them"),
-])
-def test_cli_errors_are_one_line_naming_the_field_before_any_heavy_work(tiny, tmp_path, capsys, monkeypatch,
-                                                                       override, field):
-    sys.path.insert(0, str(REPO))
-    import train as train_cli
-    from effrag.training import loop
-
-    def no_accelerator(cfg):
-        raise AssertionError("the error should come before the Accelerator and the model")
-
-    monkeypatch.setattr(loop, "make_accelerator", no_accelerator)
-    cfg_file = tmp_path / "tiny.yaml"
-    import yaml
-
-    cfg_file.write_text(yaml.safe_dump(tiny_overrides(tiny, "filter", tmp_path / "out")))
-    assert train_cli.main(["--config", str(cfg_file), *override]) == 2
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("train.py: error: ") and field in lines[0], captured.err
-    assert not (tmp_path / "out").exists()
-
-
-def test_config_error_under_accelerate_launch_is_one_line_with_q(tmp_path):
-    """`accelerate launch -q`: train.py's line is all; without -q accelerate adds its CalledProcessError traceback."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    env.pop("ACCELERATE_USE_CPU", None)
-    proc = subprocess.run([ACCELERATE, "launch", "-q", "--num_processes", "1", "--num_machines", "1",
-                           "--mixed_precision", "no", "--dynamo_backend", "no", str(REPO / "train.py"),
-                           "--config", "filter", "--train.batch_size", "-4"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0
-    assert proc.stderr.strip() == "train.py: error: filter: train.batch_size must be > 0, got -4", proc.stderr[-2000:]
-
-
-@pytest.mark.slow
-def test_two_cpu_processes_rerun_resumes_bit_identical(tiny, tmp_path):
-    """2 gloo processes: per-process RNG and loss sums restored; the rerun of a run cut after step 5 equals it."""
-    kw = dict(train__save_every=2, train__log_every=4, train__save_total_limit=3, model__hidden_dropout=0.1)
-    res_a = _launch(tiny, tmp_path / "a", ["--multi_gpu"], use_cpu=True, **kw)
-    b = tmp_path / "b"
-    shutil.copytree(tmp_path / "a", b)  # as if killed during step 6: its results and last model never written
-    shutil.rmtree(b / "last")
-    (b / "results.json").unlink()
-    res_b = _launch(tiny, b, ["--multi_gpu"], use_cpu=True, **kw)
-    # 5 batches per process and epoch, accumulation 2: steps 5 and 6 are batches 3-4 and 5 of epoch 1
-    assert res_b["examples_seen_per_process"] == 3 * 4
-    assert res_b["param_checksums"] == res_a["param_checksums"] and res_b["ranks_in_sync"] is True
-    assert _log(b) == _log(tmp_path / "a")
-    wa, wb = _weights(tmp_path / "a" / "last"), _weights(b / "last")
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -15,11 +15,10 @@ import pytest
 import torch
 import yaml
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_training import (REPO, Killed, _kill_during_step, _log, _weights, fresh_accelerate_state,  # noqa: E402,F401
-                           reset_accelerate, tiny, tiny_overrides)
+from effrag.training import load_config, train
+from helpers import REPO, Killed, kill_during_step, read_log, reset_accelerate, tiny_overrides, weights
 
-from effrag.training import load_config, train  # noqa: E402
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py
 
 sys.path.insert(0, str(REPO))
 import train as train_cli  # noqa: E402
@@ -39,7 +38,7 @@ def _killed_run(tiny, out: Path, monkeypatch, kill_at: int, **kw) -> Path:
     """A filter run killed in the first backward pass of step ``kill_at``: checkpoints, no results.json."""
     cfg = load_config(None, tiny_overrides(tiny, "filter", out, **kw))
     with monkeypatch.context() as m:
-        _kill_during_step(m, kill_at, kw.get("train__grad_accum", 1))
+        kill_during_step(m, kill_at, kw.get("train__grad_accum", 1))
         with pytest.raises(Killed):
             train(cfg)
     reset_accelerate()
@@ -144,8 +143,8 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_and_ends_bit_ident
     assert len(warning) == 1 and str(damaged) in warning[0] and "sha256 mismatch" in warning[0]
     assert f"resuming from checkpoint {b / 'checkpoints' / 'step_0000008'} at step 8 of 16" in said
     res_b = json.loads((b / "results.json").read_text())
-    assert res_b["param_checksums"] == res_a["param_checksums"] and _log(b) == _log(a)
-    wa, wb = _weights(a / "last"), _weights(b / "last")
+    assert res_b["param_checksums"] == res_a["param_checksums"] and read_log(b) == read_log(a)
+    wa, wb = weights(a / "last"), weights(b / "last")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert not torch.isnan(torch.cat([w.flatten() for w in wb.values()])).any()
 

@@ -1,4 +1,4 @@
-"""EfficientRAG inference: the loop, the pipeline, the public API and answer generation.
+"""EfficientRAG inference: the loop (the pipeline, the public API and answer generation: test_efficientrag_api.py).
 
 The Labeler and Filter are real (tiny, randomly initialised BERT encoders with the
 all-MiniLM-L6-v2 tokenizer, saved and loaded through their checkpoint format);
@@ -8,78 +8,22 @@ Retrieval is real BM25 over a slice of the bundled HotpotQA sample.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 
 import pytest
-import torch
 
-from effrag.data import Corpus, load_questions, sample_path
 from effrag.pipelines.efficientrag import (CONTINUE, TERMINATE, EfficientRAGConfig, EfficientRAGLoop,
                                            build_config, chunk_text, filter_input_words)
-from effrag.pipelines.answers import parse_answer
-from effrag.pipelines.generation import Generator, format_knowledge, parse_judgement, prompt_name
-from effrag.prompts import fill
 from effrag.text import join_words, words
+from helpers import fixed_heads
 
-N_QUESTIONS = 5
-
-
-# ---------------------------------------------------------------------- fixtures
-
+# the fixtures (hotpot, retriever, questions, model_dirs, models): tests/efficientrag/conftest.py
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
-@pytest.fixture(scope="module")
-def hotpot():
-    qs = load_questions(sample_path("hotpotqa", "dev"))[:40]
-    return qs
-
-
-@pytest.fixture(scope="module")
-def retriever(hotpot):
-    from effrag.retrieval import build_retriever
-
-    return build_retriever("bm25", Corpus.from_questions(hotpot), show_progress=False)
-
-
-@pytest.fixture(scope="module")
-def questions(hotpot):
-    return [q.question for q in hotpot[:N_QUESTIONS]]
-
-
-@pytest.fixture(scope="module")
-def model_dirs(tiny_efficientrag_dirs):
-    """A tiny Labeler and Filter saved in the effrag checkpoint format (tests/conftest.py)."""
-    return tiny_efficientrag_dirs
-
-
-@pytest.fixture(scope="module")
-def models(model_dirs):
-    """The saved models loaded once (round trip through from_pretrained), with their original head weights."""
-    from effrag.models import FilterModel, LabelerModel
-
-    lab = LabelerModel.from_pretrained(model_dirs["labeler"]).eval()
-    fil = FilterModel.from_pretrained(model_dirs["filter"]).eval()
-    heads = {"tag": lab.chunk_head.proj, "token": lab.token_head.proj, "filt": fil.token_head.proj}
-    original = {k: (m.weight.detach().clone(), m.bias.detach().clone()) for k, m in heads.items()}
-    return lab, fil, heads, original
-
-
-def load(models, tag=None, token=None, filt=None):
-    """The models with each head either original or fixed: ``+20`` always keeps/continues, ``-20`` never."""
-    lab, fil, heads, original = models
-    with torch.no_grad():
-        for name, margin in (("tag", tag), ("token", token), ("filt", filt)):
-            w, b = original[name]
-            heads[name].weight.copy_(w if margin is None else torch.zeros_like(w))
-            heads[name].bias.copy_(b if margin is None else torch.tensor([0.0, margin]))
-    return lab, fil
-
-
 def make_loop(models, retriever, tag=None, token=None, filt=None, **cfg):
-    lab, fil = load(models, tag, token, filt)
+    lab, fil = fixed_heads(models, tag, token, filt)
     return EfficientRAGLoop(lab, fil, retriever, EfficientRAGConfig(**{"hop_k": 3, **cfg}))
 
 
@@ -297,7 +241,7 @@ def test_requery_weight_adds_the_later_queries_scores_to_the_fused_order(models,
               retrieval_weight=0.5)
     plain = make_loop(models, retriever, **kw).run(questions)
     rec = Recording()
-    lab, fil = load(models, None, None, None)
+    lab, fil = fixed_heads(models, None, None, None)
     heavy = EfficientRAGLoop(lab, fil, rec, EfficientRAGConfig(hop_k=3, requery_weight=1e6, **kw)).run(questions)
     assert not any("requery_scores" in r.extra for r in plain)
     moved = 0
@@ -331,7 +275,7 @@ def test_relabel_weight_ranks_by_the_labelers_p_under_the_later_queries(models, 
               retrieval_weight=0.5)
     plain = make_loop(models, retriever, **kw).run(questions)
     heavy = make_loop(models, retriever, relabel_weight=1e15, **kw).run(questions)
-    lab, _ = load(models, None, None, None)
+    lab, _ = fixed_heads(models, None, None, None)
     moved = 0
     for a, b in zip(plain, heavy):
         # the loop itself is unchanged: same hops, tags, kept words and queries, same chunks in the pool
@@ -360,7 +304,7 @@ def test_relabel_weight_ranks_by_the_labelers_p_under_the_later_queries(models, 
 def test_batched_equals_one_at_a_time(models, retriever, questions):
     probe = make_loop(models, retriever, max_hops=1, tag_threshold=0.0, token_threshold=0.0).run(questions)
     tag_t = split_point([c.score for r in probe for c in r.chunks])
-    lab, _ = load(models)
+    lab, _ = fixed_heads(models)
     word_p = [p for _, probs in lab.predict(questions[:2], [c.kept_words for c in probe[0].chunks[:2]]) for p in probs]
     loop = make_loop(models, retriever, max_hops=3, query_mode="per_chunk", max_branches=3,
                      tag_threshold=tag_t, token_threshold=split_point(word_p))
@@ -408,196 +352,8 @@ def test_config_validation_and_files(tmp_path):
 
 
 def test_rejects_bad_inputs(models, retriever):
-    lab, fil = load(models)
+    lab, fil = fixed_heads(models)
     with pytest.raises(TypeError, match="search"):
         EfficientRAGLoop(lab, fil, object())
     with pytest.raises(ValueError, match="question 1"):
         EfficientRAGLoop(lab, fil, retriever).run(["ok?", "  "])
-
-
-# ---------------------------------------------------------------------- pipeline registry and API
-
-def test_registered_pipeline_with_eval_flags(model_dirs, retriever, questions):
-    from effrag.pipelines import build_pipeline, get_pipeline_class
-
-    cls = get_pipeline_class("efficientrag")
-    parser = argparse.ArgumentParser()
-    cls.add_args(parser)
-    args = parser.parse_args(["--labeler", str(model_dirs["labeler"]), "--filter", str(model_dirs["filter"]),
-                              "--tag-threshold", "0.0", "--token-threshold", "0.6", "--filter-threshold", "0.4",
-                              "--max-hops", "2", "--query-mode", "per_chunk", "--hop-k", "2"])
-    pipe = build_pipeline("efficientrag", retriever, **vars(args))
-    cfg = pipe.config
-    assert (cfg.tag_threshold, cfg.token_threshold, cfg.filter_threshold, cfg.max_hops, cfg.query_mode,
-            cfg.hop_k) == (0.0, 0.6, 0.4, 2, "per_chunk", 2)
-    outs = [o.to_row() for o in pipe.run_batch(questions[:2])]  # as predictions.jsonl records them
-    assert outs[0]["retrieved"] == pipe.run(questions[0]).ids
-    for o in outs:
-        assert o["iterations"] == 2 and o["llm_calls"] == 0 and "answer" not in o
-        assert len(o["retrieved"]) == len(o["scores"]) == 2 + 2 * 2  # everything continues
-        assert [e["hop"] for e in o["trace"]["hops"]] == [0, 1]
-        assert set(o["timing"]) >= {"retrieval", "labeler", "filter", "other", "total"}
-    with pytest.raises(ValueError, match="both --labeler DIR and --filter DIR"):
-        build_pipeline("efficientrag", retriever, labeler=str(model_dirs["labeler"]))
-    with pytest.raises(ValueError, match="not both"):
-        build_pipeline("efficientrag", retriever, labeler=str(model_dirs["labeler"]), filter=str(model_dirs["filter"]),
-                       model="efficientrag-all")
-
-
-def test_api_round_trip(model_dirs, retriever, questions):
-    from effrag.api import EfficientRAG, Result
-
-    rag = EfficientRAG.from_pretrained(model_dirs["labeler"], model_dirs["filter"], retriever=retriever,
-                                       tag_threshold=0.0, max_hops=2, hop_k=2)
-    one = rag.retrieve(questions[0])
-    assert isinstance(one, Result) and len(one) == 2 + 2 and one.iterations == 2
-    assert one.hops[0]["queries"] == [questions[0]] and one.ids == [c.id for c in one]
-    best = max(one.hops[0]["chunks"], key=lambda c: c["p_continue"])
-    assert (one[0].hop, one[0].id, one[0].title) == (0, best["id"], best["title"]) and one[0].text
-    batch = rag.retrieve_batch(questions[:3])
-    assert batch[0].ids == one.ids and len(batch) == 3
-    with pytest.raises(TypeError, match="list of questions"):
-        rag.retrieve_batch("one question")
-
-
-def test_api_accepts_a_plain_function_as_retriever(models, retriever, questions):
-    from effrag.api import EfficientRAG
-
-    calls = []
-
-    def search(queries, k):
-        calls.append((list(queries), k))
-        return [[{"id": h.id, "title": h.title, "text": h.text, "score": h.score} for h in hits]
-                for hits in retriever.search(queries, k)]
-
-    lab, fil = load(models, tag=20.0)
-    rag = EfficientRAG(search, labeler=lab, filter=fil, config=EfficientRAGConfig(hop_k=2, max_hops=2))
-    got = rag.retrieve(questions[0])
-    assert len(got) == 4 and calls[0] == ([questions[0]], 2)
-    bad = EfficientRAG(lambda qs, k: [[{"title": "x"}] for _ in qs], labeler=lab, filter=fil)
-    with pytest.raises(ValueError, match=r"hit 0 of query 0 lacks field\(s\) \['id', 'text'\]"):
-        bad.retrieve(questions[0])
-
-
-# ---------------------------------------------------------------------- generation
-
-CHUNKS = [{"id": "a", "title": "Dimond Center", "text": "The Dimond Center is a mall in Anchorage {big}.",
-           "kept_words": ["Dimond", "Center", "mall"]},
-          {"id": "b", "title": "KGOT", "text": "KGOT has its studios in the Dimond Center.", "kept_words": []}]
-
-
-@pytest.mark.parametrize("dataset,marker", [("hotpotqa", "Little Richard"), ("musique", "John Cranley"),
-                                            ("2wikimqa", "Blind Shaft"), ("HotpotQA", "Little Richard")])
-def test_paper_prompt_per_dataset(dataset, marker):
-    g = Generator(llm="default", dataset=dataset)
-    p = g.build_prompt("How large is the {mall}?", CHUNKS)
-    assert marker in p and '{"answer": ' in p and "{KNOWLEDGE FOR YOUR REFERENCE}" in p
-    assert p.endswith("<doc>\nDimond Center: The Dimond Center is a mall in Anchorage {big}.\n"
-                      "KGOT: KGOT has its studios in the Dimond Center.\n</doc>\n"
-                      "<Question>: How large is the {mall}?\n<Answer>:")
-
-
-def test_default_prompt_and_context_compression():
-    assert prompt_name("bamboogle") == prompt_name(None) == "qa/default"
-    p = Generator(llm="default", dataset="bamboogle", context="kept_words", with_titles=False).build_prompt("Q?", CHUNKS)
-    assert "examples" not in p and "\nDimond Center mall\nKGOT has its studios in the Dimond Center.\n" in p
-    assert format_knowledge(CHUNKS[:1]) == "Dimond Center: The Dimond Center is a mall in Anchorage {big}."
-    assert Generator(llm="default", max_chunks=1).build_prompt("Q?", CHUNKS).count("KGOT:") == 0
-    with pytest.raises(ValueError, match="context"):
-        Generator(llm="default", context="summary")
-    assert fill("{question} {knowledge} {other}", strict=False, question="{knowledge}", knowledge="K") == \
-        "{knowledge} K {other}"
-
-
-# Generations recorded from SmolLM2-135M-Instruct on the bundled samples, and the paper's format.
-RECORDED = [
-    ("The answer is:\n<doc>\nEnemmy\n</doc>", "Enemmy"),
-    ("The answer to your question is: The Zone (2017 Film)", "The Zone (2017 Film)"),
-    ('The answer to the question is:\n<doc>\n2016-07-31 20:58:49.188\n```json\n{"answer": "2016-07-31"}\n```',
-     "2016-07-31"),
-    ('```json\n{"answer": "Little Richard"}\n```', "Little Richard"),
-    ('<Answer>:\n```json\n{"answer": "1979"}\n```\nThe knowledge says 1979.', "1979"),
-    ('```json\n{"answer": "The Mask Of Fu Manchu', "The Mask Of Fu Manchu"),  # cut by max_tokens
-    ("Answer: eastern tip", "eastern tip"),
-    ("The answer is: John Cranley", "John Cranley"),
-    ("{'answer': 'Chinua Achebe'}", "Chinua Achebe"),
-    ('{"answer": 2001}', "2001"),
-    ('```json\n{"thought": "no idea"}\n```', ""),
-    ("Anchorage, Alaska\nIt is a city.", "Anchorage, Alaska"),
-    ("", ""),
-]
-
-
-@pytest.mark.parametrize("text,expected", RECORDED)
-def test_parse_answer_on_recorded_generations(text, expected):
-    assert parse_answer(text, sentences=False)[0] == expected  # as the shared QA generator reads answers
-
-
-def test_parse_judgement():
-    assert parse_judgement('```json\n{"response": "yes"}\n```') is True
-    assert parse_judgement('{"response": "no"}') is False
-    assert parse_judgement('"response": "Yes') is True
-    assert parse_judgement("No, the prediction is wrong.") is False
-
-
-@pytest.mark.llm
-def test_real_smollm2_answer_and_judge(model_dirs, retriever, questions):
-    pytest.importorskip("llama_cpp")
-    from effrag.api import EfficientRAG
-    from effrag.llm import load_llm
-    from effrag.pipelines.generation import judge_answer
-
-    llm = load_llm("default", cache=False)
-    prompts = []
-
-    class Recording:  # the real model, keeping the prompts it is sent
-        def chat_many(self, batch, **kw):
-            prompts.extend(m[-1]["content"] for m in batch)
-            return llm.chat_many(batch, **kw)
-
-    rag = EfficientRAG.from_pretrained(model_dirs["labeler"], model_dirs["filter"], retriever=retriever,
-                                       tag_threshold=0.0, max_hops=1, hop_k=2)
-    out = rag.answer(questions[0], llm=Recording(), dataset="hotpotqa", max_tokens=16)
-    raw = out.generation["raw"]
-    assert out.llm_calls == 1 and out.prompt_tokens > 200
-    assert out.completion_tokens >= 1 and out.answer == parse_answer(raw, sentences=False)[0]
-    assert prompts[0].count("<doc>\n") == 4 and out.chunks[0].title in prompts[0]
-    ok, gen = judge_answer(llm, "What is the capital of France?", "Paris", ["Paris"])
-    assert isinstance(ok, bool) and gen.prompt.startswith("You are an experienced linguist")
-
-
-def test_effrag_eval_cli_runs_efficientrag(model_dirs, tmp_path):
-    from effrag.cli import main
-
-    lines = sample_path("hotpotqa", "dev").read_text(encoding="utf-8").splitlines()[:12]
-    qfile = tmp_path / "dev.jsonl"
-    qfile.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    out = tmp_path / "run"
-    argv = ["eval", "--method", "efficientrag", "--questions", str(qfile), "--corpus-from", str(qfile),
-            "--retriever", "bm25", "--cache-dir", str(tmp_path / "cache"), "--output", str(out), "--limit", "3",
-            "--labeler", str(model_dirs["labeler"]), "--filter", str(model_dirs["filter"]),
-            "--tag-threshold", "0", "--max-hops", "2", "--hop-k", "2", "--query-mode", "merged"]
-    assert main(argv) == 0
-    rows = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
-    assert len(rows) == 3 and all(len(r["retrieved"]) == 4 and r["iterations"] == 2 for r in rows)
-    assert all(r["trace"]["hops"][0]["queries"] == [r["question"]] for r in rows)
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics[0]["method"] == "efficientrag" and metrics[0]["avg_chunks"] == 4
-    run = json.loads((out / "config.json").read_text())["run"]
-    assert run["method_options"]["tag_threshold"] == 0.0
-    from effrag.tuning import model_fingerprint  # a Labeler or Filter retrained at the same path: no resume
-
-    assert run["model_files"] == {"labeler": model_fingerprint(model_dirs["labeler"]),
-                                  "filter": model_fingerprint(model_dirs["filter"])}
-    assert None not in run["model_files"].values()
-
-    # hop_k from an --er-config file is kept unless --k is given explicitly
-    cfg = tmp_path / "best.json"
-    cfg.write_text(json.dumps({"config": {"hop_k": 2, "max_hops": 1, "tag_threshold": 0.0}}))
-    base = argv[:argv.index("--tag-threshold")] + ["--er-config", str(cfg), "--overwrite"]
-    for extra, hop_k in (([], 2), (["--k", "3"], 3)):
-        assert main(base + extra) == 0
-        run = json.loads((out / "config.json").read_text())["run"]
-        assert run["method_config"]["hop_k"] == hop_k
-        rows = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
-        assert all(len(r["retrieved"]) == hop_k for r in rows)

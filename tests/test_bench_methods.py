@@ -44,8 +44,10 @@ def test_report_only_tabulates_finished_runs_and_names_the_missing(bench, tmp_pa
     entry = {"method": "direct-r", "dataset": "hotpotqa", "n": 2, "recall": 0.5, "avg_chunks": 10.0, "em": 0.0,
              "f1": 0.25, "llm_calls": 1.0, "prompt_tokens": 900.0, "completion_tokens": 9.0, "latency_s": 2.5}
     (run / "metrics.json").write_text(json.dumps([entry]))
-    (run / "predictions.jsonl").write_text("".join(json.dumps({"cpu_s": c, "parse_failures": 0}) + "\n"
-                                                   for c in (3.0, 5.0)))
+    rows = [{"qid": f"q{i}", "dataset": "hotpotqa", "question": "Q?", "gold": ["a"], "answers": ["x"],
+             "latency_s": 2.5, "retrieved": ["a"], "scores": [1.0], "cpu_s": c, "parse_failures": 0}
+            for i, c in enumerate((3.0, 5.0))]  # predictions rows as the runner writes them (write_row)
+    (run / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert bench.main(["--questions", "x.jsonl", "--output", str(out), "--report-only",
                        "--methods", "direct-r", "ircot"]) == 0
     data = json.loads((out / "bench.json").read_text())

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from effrag.models import FilterModel, LabelerModel
+from effrag.models import FilterModel, LabelerModel, RankerModel
 from effrag.models.compact import COMPACT_NAME, dequantize_state_dict, quantize_state_dict
 from effrag.pipelines.efficientrag_config import build_config
 from effrag.pretrained import loop_config_path, pretrained_path
@@ -58,6 +58,13 @@ def test_shipped_model_loads_offline_with_its_loop_configs():
           "Pictures", "."],
          ["Mount", "Everest", "is", "Earth's", "highest", "mountain", "above", "sea", "level", "."]])
     assert p_gold > 0.5 > p_other  # a trained model, not random weights
+    ranker = RankerModel.from_pretrained(d / "ranker")  # int8 rows + frozen word embeddings by reference
+    gold, other = ranker.predict(["Who founded the company that distributed the film UHF?"] * 2,
+                                 [["UHF", "(", "film", ")", ":", "UHF", "is", "a", "1989", "comedy", "film",
+                                   "distributed", "by", "Orion", "Pictures", "."],
+                                  ["Mount", "Everest", "is", "Earth's", "highest", "mountain", "."]])
+    assert gold > other
+    assert json.loads((d / "loop.json").read_text())["config"]["pool_order"] == "rank"
     for ds in ("hotpotqa", "2wikimqa", "musique"):
         cfg = json.loads(loop_config_path(ds).read_text())["config"]
         assert cfg["max_candidates"] <= 10

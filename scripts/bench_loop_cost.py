@@ -28,7 +28,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-CKPT = Path("checkpoints/efficientrag-all")
+DEFAULT_SYSTEM = "efficientrag-all"  # the shipped system, as a user runs it
 # name -> config changes on top of the dataset's loop config
 VARIANTS = {
     "baseline": {},
@@ -127,14 +127,15 @@ def run_variant(loop, texts: list[str], gold: list[list[str]], batch: int, singl
 
 
 def measure(setup, labeler, filter_model, base_config, variants: dict[str, dict], *, batch: int = 16,
-            single: int = 8, unit_pairs: int = 256, log=print) -> dict:
+            single: int = 8, unit_pairs: int = 256, log=print, ranker=None) -> dict:
     """Every variant's cost and recall; the unit (plain Labeler forward per pair) timed between its batches."""
     from effrag.pipelines.efficientrag import EfficientRAGLoop
+    from effrag.tuning.efficientrag import forwards
 
     texts, rows, unit, base_ids = setup.texts, [], None, None
     for name, changes in variants.items():
         cfg = base_config.replace(**changes)
-        loop = EfficientRAGLoop(labeler, filter_model, setup.retriever, cfg)
+        loop = EfficientRAGLoop(labeler, filter_model, setup.retriever, cfg, ranker=ranker)
         def between(batch_results, cfg=cfg):
             nonlocal unit
             if unit is None:  # the baseline's first batch: its pairs give the unit's sample (every k-th)
@@ -144,6 +145,8 @@ def measure(setup, labeler, filter_model, base_config, variants: dict[str, dict]
 
         v = run_variant(loop, texts, setup.gold, batch, single, between)
         results = v.pop("results")
+        read = [forwards(r.hops) for r in results]  # [Labeler, ranker, Filter] inputs per question
+        v["read_per_q"] = [statistics.fmean(x[i] for x in read) for i in range(3)]
         pairs = labeler_pairs(results, setup.corpus, cfg.chunk_format)
         ids = [[c.id for c in r.chunks] for r in results]
         v["unit_s"] = unit.seconds_per_pair()
@@ -169,14 +172,14 @@ def report(out: dict, base_recall: float) -> str:
     for v in out["rows"]:
         s = v["stages"]
         rows.append([v["name"], f"{100 * v['recall']:.2f}", f"{100 * (v['recall'] - base_recall):+.2f}",
-                     f"{v['pairs_per_q']:.1f}", f"{v['iterations']:.2f}", f"{v['s_per_q']:.3f}",
+                     f"{v['pairs_per_q']:.1f}", " / ".join(f"{x:.1f}" for x in v["read_per_q"]), f"{v['iterations']:.2f}", f"{v['s_per_q']:.3f}",
                      f"{v['qps_batched']:.2f}", "-" if v["qps_single"] is None else f"{v['qps_single']:.2f}",
                      f"{s['retrieval']:.3f}", f"{s['labeler']:.3f}", f"{s['filter']:.3f}", f"{s['other']:.3f}",
                      f"{1000 * v['unit_s']:.1f}", f"{v['ratio']:.1f}",
                      "yes" if v["identical"] else "no"])
-    return md_table(["variant", "recall %", "Δ pts", "pairs/q", "hops", "s/q", "q/s batched", "q/s single",
+    return md_table(["variant", "recall %", "Δ pts", "pairs/q", "read/q (Labeler / ranker / Filter)", "hops", "s/q", "q/s batched", "q/s single",
                      "retrieval s/q", "labeler s/q", "filter s/q", "other s/q", "unit ms/pair", "ratio",
-                     "same pools"], rows, "lrrrrrrrrrrrrrl")
+                     "same pools"], rows, "lrrrrrrrrrrrrrrl")
 
 
 def main(argv=None) -> int:
@@ -186,6 +189,8 @@ def main(argv=None) -> int:
 
     from effrag.setup import RunSetup
     from effrag.pipelines.efficientrag import build_config, load_models
+    from effrag.pipelines.efficientrag_system import open_system
+    from effrag.provenance import portable_path
     from effrag.provenance import provenance
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -196,7 +201,8 @@ def main(argv=None) -> int:
     p.add_argument("--single", type=int, default=8, help="questions run one at a time")
     p.add_argument("--unit-pairs", type=int, default=256, help="baseline pairs timed as the unit after each variant")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    p.add_argument("--checkpoints", default=str(CKPT))
+    p.add_argument("--checkpoints", "--model", dest="checkpoints", default=DEFAULT_SYSTEM,
+                   help="a system folder or shipped name (labeler/, filter/, [ranker/], loop-<dataset>.json)")
     p.add_argument("--output", default="reports/efficientrag/loop-cost")
     args = p.parse_args(argv)
     logging.getLogger("effrag.models").setLevel(logging.ERROR)
@@ -204,29 +210,34 @@ def main(argv=None) -> int:
 
     data = Path(args.data_dir) / args.dataset
     t0 = time.perf_counter()
-    setup = RunSetup.build(data / "dev.jsonl", corpus_from=[data / "train.jsonl"], retriever="dense", bf16=True,
+    system = open_system(args.checkpoints, dataset=args.dataset)
+    kind = system.retriever or "dense"  # the retriever the loop config was tuned over
+    setup = RunSetup.build(data / "dev.jsonl", corpus_from=[data / "train.jsonl"], retriever=kind, bf16=True,
                            limit=args.limit)
     setup_s = time.perf_counter() - t0
-    ck = Path(args.checkpoints)
-    labeler, filter_model = load_models(ck / "labeler", ck / "filter", "cpu")
-    base = build_config(ck / f"loop-{args.dataset}.json")
+    base = build_config(system.config)
+    ranker_dir = system.ranker if base.pool_order == "rank" else None
+    models = load_models(system.labeler, system.filter, "cpu", ranker=ranker_dir)
+    labeler, filter_model, ranker = models if ranker_dir is not None else (*models, None)
+    ck = portable_path(system.config)
     names = ["baseline"] + [n for n in args.variants if n != "baseline"]
     print(f"setup {setup_s:.1f}s, {len(setup.texts)} questions, corpus {len(setup.corpus)}, "
           f"torch threads {torch.get_num_threads()}", file=sys.stderr)
     out = measure(setup, labeler, filter_model, base, {n: VARIANTS[n] for n in names}, batch=args.batch,
-                  single=args.single, unit_pairs=args.unit_pairs, log=lambda m: print(m, file=sys.stderr))
+                  single=args.single, unit_pairs=args.unit_pairs, log=lambda m: print(m, file=sys.stderr), ranker=ranker)
     rows = out["rows"]
     b = rows[0]
     dest = Path(args.output)
     dest.mkdir(parents=True, exist_ok=True)
     table = report(out, b["recall"])
     md = [f"# EfficientRAG loop cost: {args.dataset} dev, first {len(setup.texts)} questions\n",
-          f"Loop config `{ck}/loop-{args.dataset}.json`, dense retriever (index cached, setup {setup_s:.1f} s), "
+          f"Loop config `{ck}`, {kind} retriever (index cached, setup {setup_s:.1f} s), "
           f"batched runs of {args.batch} questions, one-at-a-time runs of the first {args.single}, "
           f"torch threads {torch.get_num_threads()}. *unit* = one plain fp32 Labeler forward per pair "
           f"(trained length, length-sorted batches of 64, {args.unit_pairs} pairs), "
           "one batch timed after each loop batch of each variant (the unit sample: pairs of the baseline's "
-          "first batch); *ratio* = loop s/q ÷ unit (issue #18 target ≤ 17). Stage seconds "
+          "first batch); *ratio* = loop s/q ÷ unit (issue #39 target ≤ 12). *read/q*: the inputs each model read per "
+          "question; *pairs/q*: every chunk the loop read, by any model. Stage seconds "
           "are the loop's own per-result timing. *Δ pts* = recall minus the baseline's (rule: ≥ -0.5).\n",
           table,
           f"\nBaseline: a plain forward over exactly the pairs it read takes {b['plain_all_s_per_q']:.3f} s/question "

@@ -58,6 +58,8 @@ def main(argv=None) -> int:
     p.add_argument("--keep-sample", action="store_true", help="let the bundled sample's dev questions count too")
     p.add_argument("--output", required=True, type=Path, help="markdown table (a .json beside it holds every figure)")
     args = p.parse_args(argv)
+    from effrag.pipelines.efficientrag_config import _ADDED_DEFAULTS, EfficientRAGConfig
+
     skip = []
     if not args.keep_sample:
         from effrag.data import load_questions, sample_path
@@ -65,12 +67,13 @@ def main(argv=None) -> int:
         skip = [q.id for d in args.datasets for q in load_questions(sample_path(d, "dev"))]
     head = ["lever", *(f"{d} <= {b}" for d in args.datasets for b in args.budgets), "read per question (L / R / F)"]
     body, figures = [], {}
+    defaults = EfficientRAGConfig().to_json() | _ADDED_DEFAULTS
     for spec in args.row:
         label, template, want = parse_row(spec)
         cells, read = [], []
         for d in args.datasets:
-            rows = [r for r in read_rows(template.format(dataset=d))
-                    if all(r["config"].get(k) == v for k, v in want.items())]
+            rows = [r for r in read_rows(template.format(dataset=d))  # an option left out is at its default
+                    if all(r["config"].get(k, defaults.get(k)) == v for k, v in want.items())]
             if not rows:
                 raise SystemExit(f"--row {label!r}: no config of {template.format(dataset=d)} has {want}")
             res = crossfit({d: rows}, args.budgets, k=args.folds, exclude=skip)["datasets"][d]

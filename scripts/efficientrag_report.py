@@ -161,6 +161,11 @@ def main(argv=None) -> int:
 def write_card(system: Path, note: str, t2: str, cv: str, report: dict) -> None:
     """The system folder's README.md: its own head kept, the dev figures and the shipped configs rewritten."""
     card = system / "README.md"
+    if (system / "export.json").is_file():  # a shipped system retuned in place: its head's table follows the new configs
+        from effrag.training.install import shipped_card
+
+        export = json.loads((system / "export.json").read_text())
+        card.write_text(shipped_card(system, export.get("int8_bytes", {}), source=export.get("source")))
     head = card.read_text().split("\n## Dev figures")[0].rstrip() + "\n" if card.is_file() else (
         f"# {system.name}\n\nAn EfficientRAG system: Labeler (`labeler/`), Filter (`filter/`), pool ranker "
         "(`ranker/`), the general loop config (`loop.json`) and one per dev file (`loop-<dataset>.json`). Open it "

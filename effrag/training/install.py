@@ -291,11 +291,14 @@ def export_checkpoint(kind: str, src: Path, dst: Path) -> dict:
     return info
 
 
-def shipped_card(src: Path, sizes: dict) -> str:
-    """The shipped system's ``README.md``: what it holds, which questions chose what, its cross-fitted figures."""
+def shipped_card(src: Path, sizes: dict, source: str | None = None) -> str:
+    """The shipped system's ``README.md``: what it holds, which questions chose what, its cross-fitted figures
+    (those of ``src``'s loop files); ``source``: the folder it was exported from, if not ``src``."""
     from effrag.provenance import portable_path
 
     mb = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sizes.items())
+    retuned = ("; its loop configs were then retuned on these int8 weights (`NAME=int8 TUNE_ONLY=effrag/pretrained/"
+               "efficientrag-all bash scripts/train_efficientrag.sh all`)") if source else ""
     general = json.loads((src / "loop.json").read_text())
     kind = general.get("retriever") or "dense"
     rows = []
@@ -333,7 +336,7 @@ The loop runs over a **{kind}** retriever (the one its configs were tuned for, a
 
 {table}
 
-Against the strongest plain retriever on the same questions, the recipe's card (`RECIPE.md`) has the whole table.
+Against the strongest plain retriever (BM25, dense, hybrid) on the same questions: *Dev figures* below (the recipe's card, `RECIPE.md`, has the source system's).
 
 ## Use it (offline)
 
@@ -347,7 +350,7 @@ rag.retrieve("Which person went into space at a later date, Sigmund Jähn or Chr
 `effrag eval --method efficientrag --questions dev.jsonl --corpus-from train.jsonl ...` uses it by default
 (`--model efficientrag-all`, `--er-config .../loop-musique.json` for a per-dataset config).
 
-Exported from `{portable_path(src)}` by `python scripts/export_pretrained.py --src {portable_path(src)} --dst <this directory>`.
+Exported from `{source or portable_path(src)}` by `python scripts/export_pretrained.py --src {source or portable_path(src)} --dst <this directory>`{retuned}.
 Licences of the training data: HotpotQA CC BY-SA 4.0, 2WikiMultihopQA Apache-2.0, MuSiQue CC BY 4.0;
 all-MiniLM-L6-v2 Apache-2.0.
 """

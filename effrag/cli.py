@@ -223,6 +223,9 @@ def add_eval_parser(sub) -> None:
     from effrag.data.aliases import add_answer_alias_args
 
     p = sub.add_parser("eval", help="evaluate a method on a dataset file")
+    p.add_argument("--config", metavar="FILE",
+                   help="a run config (YAML/JSON; effrag/configs/eval.yaml) or a run's config.json to replay: "
+                        "its values are the defaults, flags override them (effrag.run_config)")
     p.add_argument("--method", default="direct-r", help="registered method (default direct-r)")
     add_questions_args(p)
     add_corpus_args(p)
@@ -259,7 +262,9 @@ def _cmd_eval(args) -> None:
     from effrag.pipelines import build_pipeline, get_pipeline_class, llm_options, reader_options
     from effrag.pretrained import resolve_model
     from effrag.tuning import model_fingerprint
+    from effrag import run_config
 
+    run_config.finish(args)  # --config's --k, unless given here
     cls = get_pipeline_class(args.method)
     ks = sorted(set(args.k or [10]))
     if len(ks) > 1 and not getattr(cls, "slice_k", False):
@@ -272,6 +277,7 @@ def _cmd_eval(args) -> None:
     if args.retriever is None and args.index is None:  # e.g. the retriever EfficientRAG's loop config was tuned for
         args.retriever = cls.default_retriever(**method_options(args))
     setup = RunSetup.from_args(args)
+    run_config.check_corpus(args, setup.identity())
     answer_aliases = apply_aliases(args, setup.questions)  # extends 2Wiki answers in place when --aliases is given
     if setup.missing_gold_warning():
         print(f"effrag: warning: {setup.missing_gold_warning()}", file=sys.stderr)
@@ -351,9 +357,14 @@ def build_parser(argv: list[str] | None = None, commands: tuple = ()) -> argpars
                          f"installed here (no {COMMAND_GROUP} entry point): install effrag with its data_synthesis "
                          "package: pip install -e .")
     if argv[:1] == ["eval"] and "eval" in sub.choices:
+        from effrag import run_config
         from effrag.cli_args import add_method_args
 
-        add_method_args(sub.choices["eval"], _peek(argv, "--method") or "direct-r")
+        config = run_config.read(_peek(argv, "--config")) if _peek(argv, "--config") else None
+        method = _peek(argv, "--method") or (run_config.method_of(config) if config else None) or "direct-r"
+        add_method_args(sub.choices["eval"], method)
+        if config is not None:
+            run_config.apply(sub.choices["eval"], config)
     return parser
 
 

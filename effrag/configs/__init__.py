@@ -1,8 +1,9 @@
 """The default configs, shipped inside the package so that an installed effrag has them too.
 
 Training (``labeler``, ``filter``, ``irrr``, ``reader`` and the ``*_paper`` GPU settings), serving
-(``serve``) and launcher files (``accelerate/deepspeed_zero2.yaml``, ``deepspeed/zero2.json``). In a
-source checkout the top-level ``configs/`` is a link to this folder, so ``configs/labeler.yaml`` and
+(``serve``), an example eval run (``eval``: ``effrag eval --config eval``, :mod:`effrag.run_config`) and launcher
+files (``accelerate/deepspeed_zero2.yaml``, ``deepspeed/zero2.json``). In a source checkout the top-level
+``configs/`` is a link to this folder, so ``configs/labeler.yaml`` and
 ``accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml`` keep working from the repo root.
 
     effrag.configs.path("labeler")    # .../effrag/configs/labeler.yaml

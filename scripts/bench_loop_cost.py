@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     from effrag.setup import RunSetup
     from effrag.pipelines.efficientrag import build_config, load_models
     from effrag.pipelines.efficientrag_system import open_system
-    from effrag.provenance import portable_path
+    from effrag.provenance import portable, portable_path
     from effrag.provenance import provenance
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -245,12 +245,12 @@ def main(argv=None) -> int:
           f"Baseline pair lengths in sub-tokens: median {b['pair_tokens']['median']}, "
           f"max {b['pair_tokens']['max']}, {100 * b['pair_tokens']['over_128']:.0f}% over 128.\n"]
     (dest / "report.md").write_text("\n".join(md))
-    (dest / "report.json").write_text(json.dumps(
+    (dest / "report.json").write_text(json.dumps(portable(
         {"provenance": provenance(prog="scripts/bench_loop_cost.py", files=[data / "dev.jsonl"]),
          "setup": {**setup.describe(), "n": len(setup.texts), "batch": args.batch, "single": args.single,
                    "unit_pairs": args.unit_pairs, "threads": torch.get_num_threads(), "setup_s": setup_s,
                    "base_config": base.to_json()},
-         "rows": rows}, indent=2, default=str))
+         "rows": rows}), indent=2, default=str))
     print(table)
     return 0
 

@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 import httpx
 
 from effrag.evaluation.report import md_table
-from effrag.provenance import provenance
+from effrag.provenance import portable, provenance
 
 
 def loopback_only(url: str) -> str:
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                   server_rss_mb={"before": rss_before, "after": rss_after},
                   **provenance(argv=argv, prog="python scripts/load_test.py", files=[args.questions]),
                   started=time.strftime("%Y-%m-%dT%H:%M:%S"), config=args.config if args.spawn else None)
-    (out / "load_test.json").write_text(json.dumps(report, indent=2))
+    (out / "load_test.json").write_text(json.dumps(portable(report), indent=2))
     (out / "load_test.md").write_text(markdown(report))
     print(markdown(report))
     print(f"wrote {out / 'load_test.json'} and {out / 'load_test.md'}")

@@ -200,6 +200,29 @@ def test_cached_retriever_builds_once_then_loads(tmp_path, corpus):
     assert len(list(tmp_path.iterdir())) == 2  # other options, other cache entry
 
 
+def test_cached_hybrid_reuses_the_cached_dense_index(tmp_path, corpus, monkeypatch):
+    """The hybrid index's dense part is the dense index of the same corpus and encoder: once that is cached, the
+    hybrid build encodes no passage (the quickstart builds both), and it ranks as a fresh hybrid build does."""
+    dense = cached_retriever("dense", corpus, tmp_path, show_progress=False)
+    encoded = []
+    real = Encoder.encode_passages
+
+    def counting(self, passages, *args, **kwargs):
+        passages = list(passages)
+        encoded.append(len(passages))
+        return real(self, passages, *args, **kwargs)
+
+    monkeypatch.setattr(Encoder, "encode_passages", counting)
+    hybrid = cached_retriever("hybrid", corpus, tmp_path, show_progress=False)
+    assert encoded == []  # the passages were not encoded again
+    assert _titles(hybrid.search(list(QUERIES), 3)) == _titles(
+        build_retriever("hybrid", corpus, show_progress=False).search(list(QUERIES), 3))
+    assert _titles(cached_retriever("hybrid", corpus, tmp_path).search(list(QUERIES), 3)) == _titles(
+        hybrid.search(list(QUERIES), 3))  # the hybrid entry itself is cached too
+    assert sorted(p.name.split("-")[0] for p in tmp_path.iterdir()) == ["dense", "hybrid"]
+    assert _titles(dense.search(list(QUERIES), 1)) == [[QUERIES[q]] for q in QUERIES]
+
+
 def test_importing_and_using_the_library_leaves_the_host_environment_alone():
     """A library must not flip HF_HUB_OFFLINE for its host process; local paths load with local_files_only."""
     import os

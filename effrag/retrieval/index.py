@@ -175,6 +175,15 @@ def cached_retriever(kind: str, corpus, cache_root: str | Path, encoder_path: st
         runtime = {k: v for k, v in opts.items() if k in ("nprobe", "ef_search", "gpu", "shard_gpu", "batch_size",
                                                           "token")}
         return load_retriever(d, corpus=corpus, encoder=encoder, **runtime)
+    if kind == "hybrid":  # its dense part is the dense index of the same corpus and encoder: built (or loaded) once
+        from .bm25 import BM25Retriever
+        from .hybrid import HybridRetriever
+
+        dense_o, bm25_o, hybrid_o = _split_opts(kind, opts)
+        dense = cached_retriever("dense", corpus, cache_root, encoder_path=encoder_path, bf16=bf16, **dense_o)
+        retriever = HybridRetriever([dense, BM25Retriever(corpus, **bm25_o)], **hybrid_o)
+        retriever.save(d)
+        return retriever
     shards = d / "emb_shards"
     if kind != "bm25":
         opts = {**opts, "cache_dir": shards}

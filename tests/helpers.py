@@ -359,3 +359,15 @@ def write_command_entry_points(root: Path, name: str = "effrag_commands_from_sou
     (info / "entry_points.txt").write_text(
         "[effrag.commands]\n" + "".join(f"{k} = {v}\n" for k, v in commands.items()))
     return info
+
+
+def run_cli(argv, capsys):
+    """(exit code, stdout, stderr) of ``effrag argv`` run in-process."""
+    from effrag.cli import main
+
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as e:  # argparse's own exits (--help, usage errors)
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -10,17 +10,9 @@ import pytest
 from effrag.cli import main
 from effrag.data import Corpus, build_corpus, sample_path
 
+from helpers import run_cli as run
+
 HOTPOT_TRAIN, HOTPOT_DEV = sample_path("hotpotqa", "train"), sample_path("hotpotqa", "dev")
-
-
-def run(argv, capsys):
-    """(exit code, stdout, stderr) of ``effrag argv`` run in-process."""
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as e:  # argparse's own exits (--help, usage errors)
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from effrag.cli import main
 from effrag.data import Corpus, DataFormatError, passage_id
 from effrag.data.documents import corpus_from_inputs, folder_passages, is_passage_file, split_passages
+
+from helpers import run_cli as run
 
 SPACE = """# Space travellers
 
@@ -22,15 +23,6 @@ RIVERS = """The Rhine rises in the Swiss Alps and flows into the North Sea.
 
 The Danube flows through ten countries, more than any other river in the world. It ends in the Black Sea.
 """
-
-
-def run(argv, capsys):
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

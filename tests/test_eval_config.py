@@ -11,17 +11,9 @@ from effrag.cli import main
 from effrag.data import sample_path
 from effrag.run_config import _recorded_k
 
+from helpers import run_cli as run
+
 HOTPOT_TRAIN, HOTPOT_DEV = sample_path("hotpotqa", "train"), sample_path("hotpotqa", "dev")
-
-
-def run(argv, capsys):
-    """(exit code, stdout, stderr) of ``effrag argv`` run in-process."""
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def predictions(folder) -> list[dict]:

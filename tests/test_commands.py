@@ -59,8 +59,14 @@ def test_a_command_of_another_installed_package_runs_through_the_group(tmp_path,
 
 
 def test_without_the_entry_points_a_training_data_command_is_one_line_saying_how_to_get_it(tmp_path):
-    """No site-packages (``python -S``): effrag from this checkout alone, no installed metadata at all."""
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    """No site-packages (``python -S``) and only the effrag package on the path: no installed metadata at all.
+
+    The checkout's root is not on the path, because an editable install leaves ``effrag.egg-info`` there, and
+    its entry points would register the data_synthesis commands."""
+    alone = tmp_path / "path"
+    alone.mkdir()
+    (alone / "effrag").symlink_to(ROOT / "effrag", target_is_directory=True)
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(alone), "HF_HUB_OFFLINE": "1"}
     code = "from effrag.cli import main; raise SystemExit(main(['synthesize', '--inputs', 'x', '--output', 'y']))"
     out = subprocess.run([sys.executable, "-S", "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
                          timeout=120)

@@ -93,3 +93,20 @@ def normalize_word(word: str) -> str:
     the answer in a path with it, so training labels and inference agree on what "the same word" is.
     """
     return _NON_ALNUM.sub("", word.lower())
+
+
+_TRAILING_PARENS = re.compile(r"\s*\([^()]*\)\s*$")
+
+
+def link_form(text: str) -> str:
+    """Lower-case alphanumeric words joined by single spaces and padded with one space each side: the form in
+    which a title is looked up in a passage (``" " + link_title(t) + " " in link_form(passage)``)."""
+    return " " + " ".join(_NON_ALNUM.sub(" ", text.lower()).split()) + " "
+
+
+def link_title(title: str) -> str:
+    """A title as a passage names it: :func:`link_form` words without a trailing disambiguation in parentheses
+    ("Tom Smith (footballer)" is named "Tom Smith"); '' when fewer than 4 characters are left, too short to be a
+    name rather than a common word."""
+    name = " ".join(_NON_ALNUM.sub(" ", _TRAILING_PARENS.sub("", title or "").lower()).split())
+    return name if len(name) >= 4 else ""

@@ -34,12 +34,8 @@ from effrag.text import chunk_text, filter_input_words, join_words, words, words
 # the loop's options live in their own module; importing them from here keeps working
 from .efficientrag_config import (CONTINUE, DEDUP_MODES, POOL_ORDERS, POOL_SOURCES, QUERY_MODES,  # noqa: F401
                                   RANK_QUERIES, TERMINATE, EfficientRAGConfig, build_config)
+from .efficientrag_pool import _logit, _requery_ranks, _requery_scores, rank_pool  # noqa: F401
 from .result import Chunk, Result
-
-def _logit(p: float, eps: float = 1e-6) -> float:
-    p = min(max(p, eps), 1.0 - eps)
-    return math.log(p / (1.0 - p))
-
 
 @dataclass
 class _State:
@@ -59,6 +55,8 @@ class _State:
     rescores: dict[str, float] = field(default_factory=dict)
     # rank_query "info": each next query's Filter input ("<query> Info: <kept words>"), what the ranker reads
     infos: dict[str, str] = field(default_factory=dict)
+    # link_weight / backlink_weight: each chunk's (title, text) in the form titles are looked up in
+    link_forms: dict[str, tuple[str, str]] = field(default_factory=dict)
     # scratch of the current hop
     entry: dict[str, Any] = field(default_factory=dict)
     cont: list[Chunk] = field(default_factory=list)
@@ -330,60 +328,7 @@ class EfficientRAGLoop:
             s.queries = s.entry["next_queries"]
 
     def _finish(self, s: _State, cfg: EfficientRAGConfig) -> Result:
-        requery = _requery_scores(s, s.pool + s.rejected)  # empty unless requery_weight recorded later queries
-        if cfg.pool_order == "rank":
-            ranks = _requery_ranks(s, s.pool + s.rejected)
-
-            def relevance(c: Chunk) -> float:
-                conf = c.rank_score if c.rank_score is not None else _logit(c.score)
-                conf = max(conf, s.rescores.get(c.id, conf))  # read again under a later query (rescore_top)
-                later = cfg.requery_weight * math.log1p(ranks[c.id]) if c.id in ranks else 0.0
-                return conf - cfg.retrieval_weight * math.log1p(c.retrieval_rank or 0) - later
-
-            pool_key = extra_key = lambda c: (-relevance(c), c.hop)  # noqa: E731
-        elif cfg.pool_order in ("fused", "fused_logit"):
-            conf = (lambda p: p) if cfg.pool_order == "fused" else _logit  # how a p(<Continue>) enters the sum
-            later = lambda c: (cfg.requery_weight * requery.get(c.id, 0.0)  # noqa: E731
-                               + (cfg.relabel_weight * conf(s.relabels[c.id]) if c.id in s.relabels else 0.0))
-            pool_key = extra_key = lambda c: (-(conf(c.score) + cfg.retrieval_weight * c.retrieval_score + later(c)),
-                                              c.hop)
-        else:
-            pool_key, extra_key = (lambda c: (c.hop, -c.score)), (lambda c: (-c.score, c.hop))
-        if cfg.pool_source == "seen":  # one ranking of every labeled chunk; rejected ones flagged
-            pool = sorted(s.pool + [replace(c, fallback=True) for c in s.rejected], key=extra_key)
-        else:
-            pool = sorted(s.pool, key=pool_key)
-        if len(pool) < cfg.min_candidates:
-            extra = sorted(s.rejected, key=extra_key)[: cfg.min_candidates - len(pool)]
-            pool += [replace(c, fallback=True) for c in extra]
-        if cfg.max_candidates is not None:
-            pool = pool[: cfg.max_candidates]
-        timing = {k: s.timing.get(k, 0.0) for k in ("retrieval", "labeler", "filter", "other")}
-        timing["total"] = sum(timing.values())
-        extra = {"requery_scores": {c.id: requery[c.id] for c in pool if c.id in requery}} if cfg.requery_weight else {}
-        if cfg.relabel_weight:
-            extra["relabel_scores"] = {c.id: s.relabels[c.id] for c in pool if c.id in s.relabels}
-        return Result(question=s.question, chunks=pool, hops=s.trace, iterations=s.iterations, timing=timing,
-                      extra=extra)
-
-
-def _requery_scores(s: _State, chunks: list[Chunk]) -> dict[str, float]:
-    """``requery_weight``: each chunk's best score under the hop >= 1 queries. Their hits hold every chunk
-    they reached (refill retrieves past the seen ones); a chunk a query did not reach scores at most that
-    query's lowest hit. Empty when the loop stopped at hop 0."""
-    if not s.requeries:
-        return {}
-    floors = [min(v[0] for v in reached.values()) for reached, _ in s.requeries]
-    return {c.id: max(reached[c.id][0] if c.id in reached else floor
-                      for (reached, _), floor in zip(s.requeries, floors)) for c in chunks}
-
-
-def _requery_ranks(s: _State, chunks: list[Chunk]) -> dict[str, int]:
-    """``pool_order: rank``: each chunk's best 0-based rank under the hop >= 1 queries (a chunk a query did
-    not reach ranks at that query's number of hits, a lower bound). Empty when the loop stopped at hop 0."""
-    if not s.requeries:
-        return {}
-    return {c.id: min(reached[c.id][1] if c.id in reached else n for reached, n in s.requeries) for c in chunks}
+        return rank_pool(s, cfg)
 
 
 def int8_copy(model):

@@ -21,11 +21,11 @@ RANK_QUERIES = ("query", "info")
 CONTINUE, TERMINATE = "<Continue>", "<Terminate>"
 # options that act after the loop, on its finished pools: configs differing only in these share one loop run
 POOL_OPTIONS = frozenset({"pool_order", "pool_source", "retrieval_weight", "requery_weight", "max_candidates",
-                          "min_candidates"})
+                          "min_candidates", "link_weight", "backlink_weight", "link_top"})
 # options added after configs were first written (left out of to_json at their defaults, so old configs still match)
 _ADDED_DEFAULTS = {"int8": False, "stop_at_pool": None, "prune_last_hop": False, "requery_weight": 0.0,
                    "relabel_weight": 0.0, "query_chunks": None, "labeler_top": None, "rescore_top": 0,
-                   "rank_query": "query"}
+                   "rank_query": "query", "link_weight": 0.0, "backlink_weight": 0.0, "link_top": 5}
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,9 @@ RULES: dict[str, Rule] = {
     "labeler_top": Rule(int, min=1, optional=True),
     "rescore_top": Rule(int, min=0),
     "rank_query": Rule(str, choices=RANK_QUERIES),
+    "link_weight": Rule(float, min=0),
+    "backlink_weight": Rule(float, min=0),
+    "link_top": Rule(int, min=1),
 }
 
 
@@ -177,6 +180,9 @@ class EfficientRAGConfig:
     Filter's output), or ``info``, the Filter's input ``"<query> Info: <kept words>"``: the words the Labeler kept
     from the chunk that led here, before the Filter dropped any (it drops the bridge entity about half of the
     time on MuSiQue dev); the retriever still searches with the Filter's output.
+    ``link_weight`` and ``backlink_weight`` (default 0: off; ``pool_order: rank`` only) add a bonus to a chunk
+    whose title the text of one of the ``link_top`` (default 5) best chunks names, or whose text names one of
+    their titles: the bridge paragraph is the entity the first paragraph names (:mod:`.efficientrag_pool`).
     ``pool_source``: ``continue`` (the paper) builds the pool from <Continue> chunks (then the
     ``min_candidates`` top-up); ``seen`` ranks every chunk the Labeler read, <Continue> or not,
     in ``pool_order`` as one list, so ``max_candidates`` keeps the best-scored chunks whatever
@@ -212,6 +218,9 @@ class EfficientRAGConfig:
     labeler_top: int | None = None
     rescore_top: int = 0
     rank_query: str = "query"
+    link_weight: float = 0.0
+    backlink_weight: float = 0.0
+    link_top: int = 5
 
     def __post_init__(self) -> None:
         for f in fields(self):  # type, range, allowed values: RULES
@@ -221,6 +230,9 @@ class EfficientRAGConfig:
         for name in ("requery_weight", "relabel_weight"):
             if getattr(self, name) and self.pool_order == "hop":
                 raise ValueError(f"EfficientRAGConfig.{name} needs pool_order fused, fused_logit or rank, got 'hop'")
+        for name in ("link_weight", "backlink_weight"):
+            if getattr(self, name) and self.pool_order != "rank":
+                raise ValueError(f"EfficientRAGConfig.{name} needs pool_order rank, got {self.pool_order!r}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EfficientRAGConfig":

@@ -270,6 +270,7 @@ def test_decoding_penalises_question_echoes_and_long_spans():
     assert decode_span(q, w, yes_bias=2.5).answer == "yes"
 
 
+@pytest.mark.slow
 def test_tune_reader_stores_the_best_decoding_in_the_checkpoint(reader_dir, tmp_path):
     """scripts/tune_reader.py end to end (the script is under test: its report and --write), then the reader it
     wrote and scripts/eval_reader.py over it."""

@@ -312,6 +312,7 @@ def test_summarize_tuning_groups_rows_and_takes_each_budgets_best(tmp_path):
     assert proc.returncode == 2 and "results.jsonl:1: not JSON" in proc.stderr
 
 
+@pytest.mark.slow
 def test_report_chooses_shipped_configs_and_cross_fits_them_against_three_retrievers(tiny_efficientrag_dirs, tmp_path):
     """scripts/tune_efficientrag.py then scripts/efficientrag_report.py on the bundled sample: the system folder
     gets loop-<dataset>.json and loop.json with their retriever, the questions that chose them and held-out

@@ -8,8 +8,8 @@ prints the ranked chunks (rank, score, title, the text's start), or one JSON obj
     effrag retrieve --index idx "Which person went into space later, Sigmund Jähn or Christer Fuglesang?"
     effrag retrieve --index idx --questions questions.txt --method direct-r --k 5 --json
 
-The method is the shipped EfficientRAG system (``efficientrag-all``, no LLM call) unless ``--method``
-names another registered one; ``--model`` names another EfficientRAG system folder.
+The method is ``effrag.pipelines.DEFAULT_METHOD`` (the shipped EfficientRAG system, no LLM call) unless
+``--method`` names another registered one; ``--model`` names another system folder for a method that loads one.
 """
 from __future__ import annotations
 
@@ -24,20 +24,22 @@ BATCH = 16  # questions per pipeline call
 
 def add_retrieve_parser(sub) -> None:
     from effrag.cli_args import positive_int
-    from effrag.pipelines.efficientrag_system import DEFAULT_SYSTEM
+    from effrag.pipelines.base import DEFAULT_METHOD
 
     p = sub.add_parser("retrieve", help="ranked chunks (and an answer) for questions over a saved index")
     p.add_argument("question", nargs="*", help="one or more questions (or --questions FILE)")
     p.add_argument("--index", required=True, metavar="DIR", help="a saved index (`effrag index build`)")
     p.add_argument("--questions", metavar="FILE", help="a text file of questions, one per line")
-    p.add_argument("--method", default="efficientrag",
-                   help="registered method (default efficientrag: the shipped system; direct-r: the index alone)")
+    p.add_argument("--method", default=DEFAULT_METHOD,
+                   help=f"registered method (default {DEFAULT_METHOD}: the shipped system; direct-r: the index alone)")
     p.add_argument("--model", metavar="DIR|NAME", default=None,
-                   help=f"efficientrag: a system folder or a shipped name (default {DEFAULT_SYSTEM})")
-    p.add_argument("--er-config", metavar="JSON", help="efficientrag: a loop config file (default: the system's "
-                                                       "loop.json, else its loop-hotpotqa.json)")
+                   help="a method that loads a trained system: a system folder or a shipped name (default: the "
+                        "method's own)")
+    p.add_argument("--er-config", metavar="JSON", help="a method that loads a trained system: its settings file "
+                                                       "(default: the system's own, e.g. loop.json)")
     p.add_argument("--k", type=positive_int, metavar="N",
-                   help="chunks per retrieval (direct-r: default 10; efficientrag: per hop, default its loop config's)")
+                   help="chunks per retrieval (default 10; a method with its own depth, e.g. EfficientRAG's per hop, "
+                        "keeps it unless given)")
     a = p.add_mutually_exclusive_group()
     a.add_argument("--llm", metavar="SPEC", help="answer with an LLM: 'default', gguf:PATH, hf:..., openai:URL#MODEL")
     a.add_argument("--reader", metavar="DIR|NAME", help="answer with a trained extractive reader (no LLM)")
@@ -68,24 +70,17 @@ def read_questions(args) -> list[str]:
 
 
 def _method_options(cls, args) -> dict[str, Any]:
-    """The method's keywords: EfficientRAG's system and loop config, ``k``, and the answer step."""
-    from effrag.pipelines import llm_options, reader_options
+    """The method's keywords: its trained system and settings file (a method that ``uses_system``), ``k``, and the
+    answer step."""
+    from effrag.pipelines import available_pipelines, get_pipeline_class, llm_options, reader_options
 
     opts: dict[str, Any] = {}
-    if cls.name == "efficientrag":
-        from effrag.pipelines.efficientrag_system import DEFAULT_SYSTEM, open_system
-        from effrag.pretrained import LOOP_DATASETS
-
-        system = open_system(args.model or DEFAULT_SYSTEM, args.er_config)
-        config = system.config
-        if config is None:  # no general loop.json: the loop tuned on HotpotQA (Wikipedia paragraphs, two hops)
-            config = next((c for d in LOOP_DATASETS if (c := system.root / f"loop-{d}.json").is_file()), None)
-        opts.update(labeler=system.labeler, filter=system.filter, ranker=system.ranker, er_config=config)
-        if args.k:
-            opts["k"] = args.k
-    else:
-        if args.model or args.er_config:
-            raise ValueError(f"--model and --er-config apply to --method efficientrag, not {cls.name}")
+    if cls.uses_system:
+        opts.update(cls.system_options(args.model, args.er_config))
+    elif args.model or args.er_config:
+        takers = [n for n in available_pipelines() if get_pipeline_class(n).uses_system]
+        raise ValueError(f"--model and --er-config apply to --method {' / '.join(takers)}, not {cls.name}")
+    if args.k or not cls.k_in_config:  # a method with its own depth keeps it unless --k is given
         opts["k"] = args.k or 10
     opts.update(llm_options(cls, args.llm, None))
     opts.update(reader_options(cls, args.reader))

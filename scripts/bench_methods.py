@@ -76,14 +76,12 @@ def build(name: str, retriever, llm, dataset: str, args, extra: dict):
 
 def loop_config(path: Path | None, dataset: str) -> str | None:
     """``--er-config``: the file itself, or ``loop-<dataset>.json`` in a directory (an error if it has none)."""
-    if path is None or path.is_file():
-        return None if path is None else str(path)
-    if not path.is_dir():
-        raise SystemExit(f"bench_methods: error: --er-config {path}: no such file or directory")
-    f = path / f"loop-{dataset}.json"
-    if not f.is_file():
-        raise SystemExit(f"bench_methods: error: --er-config {path} has no loop-{dataset}.json for {dataset}")
-    return str(f)
+    from effrag.pipelines.efficientrag_system import dataset_config
+
+    try:
+        return dataset_config(path, dataset)
+    except FileNotFoundError as e:
+        raise SystemExit(f"bench_methods: error: --er-config {e}") from None
 
 
 def check_loop_configs(args, files: list[Path]) -> None:

@@ -1,7 +1,6 @@
 """Shared fixtures: the bundled real sample, loaded once per test session; the checkout's command entry points."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -41,17 +40,6 @@ def reset_accelerate_after_test():
     yield
     if "accelerate.state" in sys.modules:
         reset_accelerate()
-
-
-@pytest.fixture(scope="session")
-def load_script():
-    """``load_script("bench_methods")``: a module of ``scripts/`` (not a package, so not importable by name)."""
-    def load(name: str):
-        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    return load
 
 
 @pytest.fixture(scope="session")

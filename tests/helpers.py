@@ -371,3 +371,13 @@ def run_cli(argv, capsys):
         code = e.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def run_script(name: str, *args, cwd: Path | None = None, env: dict | None = None,
+               timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python scripts/<name>.py args`` in a subprocess (the checkout on its path, offline, ``env`` added): a
+    script's command line under test as a user runs it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, str(REPO / "scripts" / f"{name}.py"), *map(str, args)], cwd=cwd or REPO,
+                          env=env, capture_output=True, text=True, timeout=timeout)

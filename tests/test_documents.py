@@ -137,6 +137,40 @@ def test_retrieve_direct_r_questions_file_and_one_line_errors(bm25_index, tmp_pa
     assert rows[1]["chunks"][0]["title"] == "rivers (part 1)"
     for argv, message in [([], "no question: give one or more questions, or --questions FILE"),
                           (["--questions", tmp_path / "nope.txt"], "questions file not found"),
-                          (["--method", "direct-r", "--model", "efficientrag-all", "q?"], "--model and --er-config")]:
+                          (["--method", "direct-r", "--model", "efficientrag-all", "q?"],
+                           "--model and --er-config apply to --method efficientrag, not direct-r")]:
         code, out, err = run(["retrieve", "--index", bm25_index, *argv], capsys)
         assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_retrieve_asks_the_method_for_its_system_by_capability_not_by_name(bm25_index, monkeypatch, capsys):
+    """A method that declares ``uses_system`` gets its own system's keywords for --model/--er-config (and no default
+    k when its depth is in its config); the default method is the registry's ``DEFAULT_METHOD``."""
+    from effrag.pipelines import DEFAULT_METHOD, Pipeline, Result, base, get_pipeline_class
+
+    built = []
+
+    class SystemStub(Pipeline):
+        name = "system-stub"
+        uses_system = k_in_config = True
+
+        def __init__(self, retriever, **opts):
+            built.append(opts)
+
+        @classmethod
+        def system_options(cls, model=None, config_file=None):
+            return {"weights": f"{model}/weights", "settings": config_file}
+
+        def run(self, question):
+            return Result(question=question)
+
+    monkeypatch.setitem(base._REGISTRY, "system-stub", SystemStub)
+    code, out, err = run(["retrieve", "--index", bm25_index, "--method", "system-stub", "--model", "sys",
+                          "--er-config", "s.json", "--json", "q?"], capsys)
+    assert code == 0, err
+    assert built == [{"weights": "sys/weights", "settings": "s.json"}]
+    assert json.loads(out) == {"question": "q?", "chunks": []}
+    code, _, err = run(["retrieve", "--index", bm25_index, "--method", "system-stub", "--k", 3, "q?"], capsys)
+    assert code == 0, err
+    assert built[-1] == {"weights": "None/weights", "settings": None, "k": 3}
+    assert get_pipeline_class(DEFAULT_METHOD).uses_system  # what runs when --method is not given

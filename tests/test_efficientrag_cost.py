@@ -164,10 +164,11 @@ def test_stop_at_pool_ends_a_question_once_its_pool_is_full(continuing, retrieve
 
 # ---------------------------------------------------------------------- the benchmark's core
 
-def test_bench_loop_cost_measures_a_tiny_setup(models, retriever, corpus, hotpot, load_script):
+def test_loop_cost_measures_a_tiny_setup(models, retriever, corpus, hotpot):
+    """effrag.tuning.loop_cost (scripts/bench_loop_cost.py's measuring): every variant's cost, recall and pools."""
     from effrag.data import map_gold
+    from effrag.tuning import loop_cost as bench
 
-    bench = load_script("bench_loop_cost")
     qs = hotpot[:4]
     setup = SimpleNamespace(texts=[q.question for q in qs], gold=map_gold(qs, corpus), retriever=retriever,
                             corpus=corpus)

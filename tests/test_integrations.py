@@ -264,6 +264,11 @@ def test_haystack_pipeline_saves_and_loads_with_the_component(tmp_path, bm25, mo
     (tmp_path / "loop.json").write_text(json.dumps({"hop_k": 4, "max_hops": 2, "tag_threshold": 0.3}))
     comp = EffragHaystackRetriever.from_paths(index=str(tmp_path / "index"), labeler=model_dirs["labeler"],
                                               filter=model_dirs["filter"], loop_config=str(tmp_path / "loop.json"))
+    from effrag.pipelines import DEFAULT_METHOD, get_pipeline_class
+
+    # checkpoints without a method go to the registry's default method, recorded by name for the reload
+    assert comp.to_dict()["init_parameters"]["method"] == DEFAULT_METHOD
+    assert type(comp.source.obj) is get_pipeline_class(DEFAULT_METHOD)
     p = Pipeline()
     p.add_component("retriever", comp)
     text = p.dumps()

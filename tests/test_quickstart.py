@@ -3,6 +3,8 @@ run both write their outputs, print the bar, and are cached."""
 import json
 import time
 
+import pytest
+
 from effrag.quickstart import run_quickstart
 
 
@@ -32,6 +34,7 @@ def _check_rows(rows, wd, n):
     return summary
 
 
+@pytest.mark.slow
 def test_quickstart_small_trains_runs_and_caches(tmp_path):
     wd = tmp_path / "qs"
     kw = dict(workdir=wd, retriever="bm25", small=True, epochs=1.0, max_train_examples=24, limit=3,
@@ -51,6 +54,7 @@ def test_quickstart_small_trains_runs_and_caches(tmp_path):
     assert time.time() - t0 < 30
 
 
+@pytest.mark.slow
 def test_quickstart_evaluates_the_shipped_model(tmp_path):
     wd = tmp_path / "qs"
     rows = run_quickstart(workdir=wd, retriever="bm25", limit=4, datasets=("musique",))

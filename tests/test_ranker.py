@@ -297,6 +297,7 @@ def _system(tiny_efficientrag_dirs, root, retriever="bm25"):
     return root
 
 
+@pytest.mark.slow
 def test_eval_opens_a_system_and_its_configs_retriever_unless_told_otherwise(tiny_efficientrag_dirs, tmp_path):
     from effrag.cli import main
 

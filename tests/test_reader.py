@@ -15,7 +15,7 @@ from effrag.models import ExtractiveReader, load_model
 from effrag.training import evaluate_only, load_config, train
 from effrag.training.data import RecordError, read_jsonl
 from effrag.training.tasks.reader import check_reader_record
-from helpers import make_base, reset_accelerate
+from helpers import make_base, reset_accelerate, run_script
 
 DATASETS = ("hotpotqa", "2wikimqa", "musique")
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py
@@ -108,7 +108,7 @@ def test_span_targets_mark_every_occurrence_and_the_loss_is_their_marginal(data)
         ExtractiveReader.from_encoder(data["base"], options={"span_targets": "some"})
 
 
-def test_train_reader_reduces_loss_predicts_spans_and_round_trips(data, tmp_path, load_script):
+def test_train_reader_reduces_loss_predicts_spans_and_round_trips(data, tmp_path):
     out = tmp_path / "run"
     cfg = load_config("reader", {  # the packaged configs/reader.yaml, by name
         "model": {"name_or_path": data["base"], "max_length": 96},
@@ -270,7 +270,8 @@ def test_decoding_penalises_question_echoes_and_long_spans():
     assert decode_span(q, w, yes_bias=2.5).answer == "yes"
 
 
-def test_tune_reader_stores_the_best_decoding_in_the_checkpoint(reader_dir, tmp_path, load_script):
+@pytest.mark.slow
+def test_tune_reader_stores_the_best_decoding_in_the_checkpoint(reader_dir, tmp_path):
     """scripts/tune_reader.py end to end (the script is under test: its report and --write), then the reader it
     wrote and scripts/eval_reader.py over it."""
     import shutil
@@ -283,7 +284,8 @@ def test_tune_reader_stores_the_best_decoding_in_the_checkpoint(reader_dir, tmp_
     out = tmp_path / "tuned"
     argv = ["--reader", str(ckpt), "--data", str(data), "--limit", "4", "--echo-penalties", "0,100",
             "--length-penalties", "0,0.5", "--max-answer-tokens", "5,30", "--yes-biases", "0", "--write", "--output", str(out)]
-    assert load_script("tune_reader").main(argv) == 0
+    proc = run_script("tune_reader", *argv)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert len(report["grid"]) == 8 and report["checkpoint_before"]["settings"] == DECODING_DEFAULTS
     best = report["best"]
@@ -300,8 +302,8 @@ def test_tune_reader_stores_the_best_decoding_in_the_checkpoint(reader_dir, tmp_
     with pytest.raises(ValueError, match="unknown decoding setting"):
         tuned.predict([q], [doc], beam=3)
     # oracle reading reports the settings it decoded with
-    assert load_script("eval_reader").main(["--reader", str(ckpt), "--data", str(data), "--limit", "3",
-                                            "--output", str(tmp_path / "oracle")]) == 0
+    proc = run_script("eval_reader", "--reader", ckpt, "--data", data, "--limit", "3", "--output", tmp_path / "oracle")
+    assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "oracle" / "results.json").read_text())
     assert results["decoding"] == best["settings"] and results["results"]["musique"]["n"] == 3
 

@@ -223,6 +223,7 @@ def test_cached_hybrid_reuses_the_cached_dense_index(tmp_path, corpus, monkeypat
     assert _titles(dense.search(list(QUERIES), 1)) == [[QUERIES[q]] for q in QUERIES]
 
 
+@pytest.mark.slow
 def test_importing_and_using_the_library_leaves_the_host_environment_alone():
     """A library must not flip HF_HUB_OFFLINE for its host process; local paths load with local_files_only."""
     import os

@@ -81,6 +81,7 @@ def test_sharded_embeddings_read_like_one_array(store):
     np.testing.assert_array_equal(np.asarray(emb), full)
 
 
+@pytest.mark.slow
 def test_a_killed_encode_resumes_at_the_last_finished_shard(tmp_path, corpus_file, store, capsys):
     out = tmp_path / "idx"
     proc = _cli("index", "encode", "--corpus", str(corpus_file), "--output", str(out), "--shard-size", str(SHARD))
@@ -110,6 +111,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_build_the_same_index_as_one(tmp_path, corpus_file, corpus, encoder, store, queries):
     """What `torchrun --nproc_per_node 2 -m effrag.cli index encode` / accelerate launch set: RANK, WORLD_SIZE."""
     out = tmp_path / "idx2"
@@ -157,6 +159,7 @@ def test_bm25_loads_memory_mapped(tmp_path, corpus, queries):
         [[(h.id, h.score) for h in hits] for hits in bm25.search(queries, 10)]
 
 
+@pytest.mark.slow
 def test_milvus_lite_matches_faiss_flat(tmp_path, corpus_file, corpus, encoder, store, queries):
     pytest.importorskip("pymilvus", reason="the milvus extra (pymilvus, milvus-lite) is not installed")
     pytest.importorskip("milvus_lite", reason="the milvus extra (pymilvus, milvus-lite) is not installed")

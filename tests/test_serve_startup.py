@@ -147,6 +147,7 @@ def efficientrag_config(model_dirs, **server) -> dict:
     return cfg
 
 
+@pytest.mark.slow
 def test_efficientrag_server_retrieve_and_thresholds(tmp_path, model_dirs, bm25, questions):
     from effrag.api import EfficientRAG
 
@@ -175,6 +176,7 @@ def rss_mb(pid: int) -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
 def test_memory_levels_off_over_many_requests(tmp_path, model_dirs):
     """An EfficientRAG server (tiny models) answers 5 rounds of 20 requests on distinct questions: after two
@@ -199,6 +201,7 @@ def test_memory_levels_off_over_many_requests(tmp_path, model_dirs):
     assert max(rss[3:]) - rss[2] < 8, (rss, growth)  # measured: +70-90 MB, +2-10 MB, then +-1.5 MB
 
 
+@pytest.mark.slow
 @pytest.mark.llm
 def test_answer_with_the_bundled_llm(tmp_path, questions):
     pytest.importorskip("llama_cpp", reason="needs the llm extra (llama-cpp-python + SmolLM2)")

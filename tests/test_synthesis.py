@@ -185,6 +185,7 @@ def test_negatives_are_retrieved_non_gold_chunks(train, annotated):
         assert neg[0]["chunk_id"] == first.id
 
 
+@pytest.mark.slow
 def test_several_dense_negatives_per_query_are_the_best_non_gold_hits(train, annotated):
     """The recommended recipe's data path: NEG_PER_QUERY=3 negatives per query from the dense retriever."""
     from effrag.retrieval import build_retriever

@@ -194,6 +194,7 @@ KNOWN_REASONS = {f"{step}_{why}" for step, whys in {
 }.items() for why in whys}
 
 
+@pytest.mark.slow
 @pytest.mark.llm
 def test_smollm2_end_to_end_gives_records_or_reasons(hotpot, tmp_path):
     pytest.importorskip("llama_cpp", reason="install effrag[llm]")

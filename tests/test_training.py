@@ -203,6 +203,7 @@ def test_wandb_offline_tracking(tiny, tmp_path, monkeypatch):
 
 
 # -- real multi-process runs -----------------------------------------------------------------------
+@pytest.mark.slow
 def test_two_cpu_processes_stay_in_sync(tiny, tmp_path):
     res = launch_training(tiny, tmp_path / "ddp", ["--multi_gpu"], use_cpu=True)
     info = json.loads((tmp_path / "ddp" / "run_info.json").read_text())

@@ -63,15 +63,15 @@ class EffragHaystackRetriever:
                    method: str | None = None) -> "EffragHaystackRetriever":
         """A component over a saved index (``effrag index build``) and, by name, a registered method over it
         (``method``; its checkpoints: ``model``, a system folder or shipped name, or ``labeler``/``filter`` and a
-        ``loop_config`` file, which are EfficientRAG's and pick it when ``method`` is not given). Without them:
-        plain retrieval."""
-        from effrag.pipelines import build_pipeline
+        ``loop_config`` file; given without ``method``, they go to ``effrag.pipelines.DEFAULT_METHOD``). Without
+        them: plain retrieval."""
+        from effrag.pipelines import DEFAULT_METHOD, build_pipeline
         from effrag.setup import RunSetup
 
         retriever = RunSetup.build(index=index, retriever=None).retriever
         paths = {"model": model, "labeler": labeler, "filter": filter, "er_config": loop_config}
         method_options = {key: str(v) for key, v in paths.items() if v is not None}
-        method = method or ("efficientrag" if method_options else None)
+        method = method or (DEFAULT_METHOD if method_options else None)
         source: Any = build_pipeline(method, retriever, **method_options) if method else retriever
         obj = cls(source, top_k=top_k, content=content, options=options, k=k)
         obj._paths = {"index": str(index), "labeler": labeler and str(labeler), "filter": filter and str(filter),

@@ -26,6 +26,10 @@ KNOWN_MODULES = {
     "ircot": "effrag.pipelines.ircot",
 }
 
+# The method a front end runs when the caller names none but gives it a trained system or checkpoints
+# (``effrag retrieve``, a Haystack component built from paths): the shipped EfficientRAG system.
+DEFAULT_METHOD = "efficientrag"
+
 _REGISTRY: dict[str, type["Pipeline"]] = {}
 _ALIASES: dict[str, str] = {}
 _IMPORT_ERRORS: dict[str, str] = {}
@@ -55,6 +59,10 @@ class Pipeline:
     ``call_options`` names the fields of the method's ``config`` a caller may change for one call (the
     adapters' options, ``effrag serve``'s per-request thresholds: ``config.replace(**options)``); empty for a
     method without them.
+
+    ``uses_system``: the method loads a trained system, named by a folder or a shipped name
+    (:meth:`system_options`, ``effrag retrieve --model``); ``k_in_config``: its retrieval depth comes from its
+    own config unless a caller gives ``k`` (no default ``k`` is passed to it).
     """
 
     name = "pipeline"
@@ -63,6 +71,8 @@ class Pipeline:
     uses_generator = False
     uses_dataset = False
     uses_reader = False
+    uses_system = False
+    k_in_config = False
     call_options: frozenset[str] = frozenset()
 
     def run(self, question: str) -> Result:
@@ -90,6 +100,13 @@ class Pipeline:
             cls.check_options(**{k: v for k, v in checkpoints.items() if v is not None}, **options)
         except ValueError as e:
             raise ValueError(f"{where}: {prefix}options: {e}") from None
+
+    @classmethod
+    def system_options(cls, model: str | None = None, config_file: str | None = None) -> dict[str, Any]:
+        """Keywords for ``cls(...)`` that load the trained system ``model`` (a folder or a shipped name; None: the
+        method's default system), with ``config_file`` in place of the system's own settings. Only for a method
+        that ``uses_system``."""
+        raise ValueError(f"method {cls.name!r} loads no trained system")
 
     @classmethod
     def default_retriever(cls, **opts: Any) -> str | None:

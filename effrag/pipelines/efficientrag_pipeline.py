@@ -76,6 +76,7 @@ class EfficientRAGPipeline(Pipeline):
     k_in_config = True
     call_options = frozenset(f.name for f in fields(EfficientRAGConfig))  # the loop's settings, per call
     uses_generator = True
+    uses_system = True
 
     def __init__(self, retriever, labeler=None, filter=None, config=None, generator=None,
                  k: int | None = None, er_config: str | None = None, er_batch_size: int | None = None,
@@ -128,6 +129,21 @@ class EfficientRAGPipeline(Pipeline):
             ranker = None  # a system's ranker only reads when the config ranks by it
         return cls(as_retriever(retriever, corpus), labeler=labeler_dir, filter=filter_dir, config=cfg,
                    ranker=ranker, generator=generator)
+
+    @classmethod
+    def system_options(cls, model: str | None = None, config_file: str | None = None) -> dict[str, Any]:
+        """The checkpoints and loop config of system ``model`` (default: the shipped one): ``config_file``, else the
+        system's ``loop.json``, else its first ``loop-<dataset>.json`` (HotpotQA's first: Wikipedia paragraphs,
+        two hops)."""
+        from effrag.pretrained import LOOP_DATASETS
+
+        from .efficientrag_system import DEFAULT_SYSTEM, open_system
+
+        system = open_system(model or DEFAULT_SYSTEM, config_file)
+        config = system.config
+        if config is None:
+            config = next((c for d in LOOP_DATASETS if (c := system.root / f"loop-{d}.json").is_file()), None)
+        return {"labeler": system.labeler, "filter": system.filter, "ranker": system.ranker, "er_config": config}
 
     @staticmethod
     def _resolve(model, labeler, filter, ranker, config):

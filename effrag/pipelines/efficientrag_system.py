@@ -52,6 +52,22 @@ def system_root(model: str | Path) -> Path:
     return root
 
 
+def dataset_config(path: str | Path | None, dataset: str) -> str | None:
+    """A loop config given as a file (itself), or as a folder holding ``loop-<dataset>.json`` per dataset (a
+    system's): that file; None for None. FileNotFoundError when the path or the dataset's file is not there."""
+    if path is None:
+        return None
+    path = Path(path)
+    if path.is_file():
+        return str(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such file or directory")
+    f = path / f"loop-{dataset}.json"
+    if not f.is_file():
+        raise FileNotFoundError(f"{path} has no loop-{dataset}.json for {dataset}")
+    return str(f)
+
+
 def config_retriever(config: str | Path | dict | None) -> str | None:
     """The retriever a loop config file (or its parsed JSON) was tuned for, if it records one."""
     if config is None:

@@ -21,182 +21,34 @@ optimizer, schedule, python/numpy/torch RNG (dropout), the epoch's data order an
 the loss being averaged for the next log line; a killed and resumed run ends bit-identical to an
 unbroken one on the same hardware and process count (docs/reliability.md, "Training resume").
 Checkpoints are safetensors and JSON with recorded hashes, never pickles (:mod:`.checkpoint_files`).
+
+What the loop is built from (accelerator, model, optimizer groups, schedule length, preflight checks) is
+:mod:`.build`; evaluation (during training and ``evaluate_only``) is :mod:`.evaluate`.
 """
 from __future__ import annotations
 
 import json
-import math
-import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
 
-from ..models.model_files import is_checkpoint
-from ..provenance import file_sha256, package_versions, portable
+from ..provenance import portable
+from .build import (build_model, checkpoints_supported, make_accelerator, optimizer_groups, preflight, run_info,
+                    schedule_lengths)
 from .checkpoint_files import read_checkpoint, seal_checkpoint, write_checkpoint
-from .checkpoints import (RESULTS_NAME, checkpoint_dirs, config_changes, main_print, plan_start,
-                          prepare_output_dir)
-from .config import Config, ConfigError, check_encoder, save_config
-from .data import Collator, LengthGroupedSampler, check_utf8
-from .hf_data import data_exists, describe, is_arrow_source
+from .checkpoints import RESULTS_NAME, checkpoint_dirs, config_changes, main_print, plan_start, prepare_output_dir
+from .config import Config, ConfigError, save_config
+from .data import Collator, LengthGroupedSampler
+from .evaluate import evaluate, evaluate_only, param_checksums
 from .task_data import build_eval_dataset, build_train_dataset, train_lengths
-from .tasks import Task, get_task
+from .tasks import get_task
 
-
-
-def make_accelerator(cfg: Config):
-    from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
-
-    tc = cfg.train
-    if tc.report_to not in ("none", "wandb"):
-        raise ConfigError(f"train.report_to must be 'none' or 'wandb', got {tc.report_to!r}")
-    if tc.report_to == "wandb":
-        try:
-            import wandb  # noqa: F401
-        except ImportError:
-            raise ConfigError("train.report_to: wandb needs the wandb package: pip install 'effrag[wandb]' "
-                              "(set WANDB_MODE=offline to log without a network)") from None
-    if tc.mixed_precision == "fp16" and not torch.cuda.is_available():
-        raise ConfigError("train.mixed_precision: fp16 needs a GPU; use bf16 (or no) on CPU")
-    handlers = []
-    cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
-    if cpu and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        handlers.append(InitProcessGroupKwargs(backend="gloo"))  # NCCL is GPU-only; DeepSpeed on CPU needs gloo
-    precision = tc.mixed_precision
-    if precision == "bf16" and cpu:
-        from ..hardware import resolve_bf16
-
-        precision = "bf16" if resolve_bf16(True, "cpu") else "no"  # emulated bf16 is 10-20x slower than fp32
-    return Accelerator(
-        gradient_accumulation_steps=tc.grad_accum,
-        mixed_precision=precision,
-        log_with="wandb" if tc.report_to == "wandb" else None,
-        project_dir=tc.output_dir,
-        kwargs_handlers=handlers,
-        # seed + epoch fix each epoch's order, so a resumed run sees the same batches
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
-    )
-
-
-def build_model(task: Task, cfg: Config):
-    model = _build_model(task, cfg)
-    frozen = [n for n, p in model.encoder.named_parameters() if any(n.startswith(f) for f in cfg.model.freeze)]
-    unmatched = [f for f in cfg.model.freeze if not any(n.startswith(f) for n in frozen)]
-    if unmatched:
-        raise ConfigError(f"model.freeze: {unmatched} name no parameter of the encoder")
-    for n, p in model.encoder.named_parameters():
-        if n in frozen:
-            p.requires_grad_(False)
-    return model
-
-
-def _build_model(task: Task, cfg: Config):
-    mc = cfg.model
-    options = {"max_length": mc.max_length, "head_dropout": mc.head_dropout, "token_weight": mc.token_weight,
-               "tag_weight": mc.tag_weight, "token_class_weights": mc.token_class_weights, **mc.extra_options}
-    if is_checkpoint(mc.name_or_path):
-        # continue from a saved model of this task: its encoder AND heads, with this run's options
-        saved = task.model_cls.from_pretrained(mc.name_or_path, attention_dropout=mc.attention_dropout,
-                                               hidden_dropout=mc.hidden_dropout)
-        model = task.model_cls(saved.encoder, saved.tokenizer, options)
-        model.load_state_dict(saved.state_dict())
-        if mc.gradient_checkpointing:
-            model.encoder.gradient_checkpointing_enable()
-        return model
-    check_encoder(mc.name_or_path, "model")
-    return task.model_cls.from_encoder(mc.name_or_path, options, attention_dropout=mc.attention_dropout,
-                                       hidden_dropout=mc.hidden_dropout, gradient_checkpointing=mc.gradient_checkpointing)
-
-
-def optimizer_groups(model, weight_decay: float) -> list[dict]:
-    """Decay everything but biases and normalisation weights (the usual BERT recipe)."""
-    no_decay = set()
-    for mod_name, mod in model.named_modules():
-        for p_name, _ in mod.named_parameters(recurse=False):
-            if p_name == "bias" or "norm" in type(mod).__name__.lower():
-                no_decay.add(f"{mod_name}.{p_name}" if mod_name else p_name)
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    return [{"params": [p for n, p in params if n not in no_decay], "weight_decay": weight_decay},
-            {"params": [p for n, p in params if n in no_decay], "weight_decay": 0.0}]
-
-
-@torch.no_grad()
-def evaluate(accelerator, model, dataloader, task: Task, group_names: list[str]) -> dict:
-    """Task metrics over the whole eval set (all processes), overall and per group."""
-    was_training = model.training
-    model.eval()
-    rows = []
-    for batch in dataloader:
-        group = batch.pop("group")
-        stats = task.batch_stats(model(**batch), batch)
-        rows.append(accelerator.gather_for_metrics(torch.cat([stats.float(), group[:, None].float()], 1)))
-    model.train(was_training)
-    table = torch.cat(rows).double()
-    names = task.stat_names
-
-    def summarize(t):
-        return task.summarize({n: float(v) for n, v in zip(names, t[:, : len(names)].sum(0))})
-
-    metrics = summarize(table)
-    if len(group_names) > 1:
-        for g, name in enumerate(group_names):
-            sub = table[table[:, -1] == g]
-            if len(sub):
-                metrics.update({f"{name}/{k}": v for k, v in summarize(sub).items()})
-    return metrics
-
-
-def param_checksums(model) -> torch.Tensor:
-    """Per-tensor (sum, sum of squares) in float64: equal across ranks iff the replicas agree."""
-    vals = []
-    for p in model.parameters():
-        d = p.detach().double()
-        vals += [d.sum(), (d * d).sum()]
-    return torch.stack(vals)
-
-
-def run_info(cfg: Config, accelerator) -> dict:
-    from .. import __version__
-
-    files = [cfg.data.train_file, *cfg.data.eval_files]
-    return {
-        "seed": cfg.train.seed,
-        "command": sys.argv,
-        "num_processes": accelerator.num_processes,
-        "distributed_type": str(accelerator.distributed_type),
-        "mixed_precision": accelerator.mixed_precision,
-        "versions": {**package_versions(), "effrag": __version__},
-        "data_sha256": {f: file_sha256(f) for f in files if f and Path(f).is_file()},
-        "data_arrow": {f: describe(f, cfg.task) for f in files if f and is_arrow_source(f)},
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
-
-
-def preflight(cfg: Config) -> None:
-    """Errors that need no model (before any heavy work or any write): missing data files, bytes in a JSONL
-    data file that are not UTF-8 (file:line), an encoder that is not here."""
-    d = cfg.data
-    if not d.train_file:
-        raise ConfigError("data.train_file is not set")
-    for key, f in [("data.train_file", d.train_file)] + [("data.eval_files", f) for f in d.eval_files]:
-        if not data_exists(f):
-            raise ConfigError(f"{key}: file not found: {f} (a JSONL file or an Arrow dataset folder / .arrow file)")
-        if Path(f).is_file() and not is_arrow_source(f):
-            check_utf8(f)
-    if not is_checkpoint(cfg.model.name_or_path):
-        check_encoder(cfg.model.name_or_path, "model")
-
-
-def _checkpoints_supported(accelerator) -> bool:
-    """DeepSpeed, FSDP and Megatron keep their own sharded state, saved only as pickles: not checkpointed."""
-    from accelerate.utils import DistributedType
-
-    return accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP,
-                                                DistributedType.MEGATRON_LM)
+# the loop's parts, importable from here as before the split
+__all__ = ["train", "evaluate_only", "evaluate", "build_model", "make_accelerator", "optimizer_groups",
+           "param_checksums", "preflight", "run_info", "schedule_lengths"]
 
 
 def train(cfg: Config, overwrite: bool = False) -> dict:
@@ -224,7 +76,7 @@ def train(cfg: Config, overwrite: bool = False) -> dict:
         return results
     preflight(cfg)
     accelerator = make_accelerator(cfg)
-    checkpointing = _checkpoints_supported(accelerator)
+    checkpointing = checkpoints_supported(accelerator)
     if ckpt is not None and not checkpointing:
         raise ConfigError(f"{ckpt}: resuming under {accelerator.distributed_type} is not supported (its sharded "
                           "state is only saved as pickles); --overwrite trains from step 0")
@@ -257,12 +109,11 @@ def train(cfg: Config, overwrite: bool = False) -> dict:
                                   betas=(tc.adam_beta1, tc.adam_beta2), eps=tc.adam_eps)
     # the schedule is built on the raw optimizer before prepare() and stepped by us once per optimizer
     # step (it is not prepared), so its length does not depend on how accelerate counts processes
-    batches_per_process = math.ceil(math.ceil(len(train_ds) / tc.batch_size) / accelerator.num_processes)
-    steps_per_epoch = math.ceil(batches_per_process / tc.grad_accum)
-    total_steps = tc.max_steps or max(1, math.ceil(tc.epochs * steps_per_epoch))
-    num_epochs = math.ceil(total_steps / steps_per_epoch)
-    warmup = tc.warmup_steps if tc.warmup_steps is not None else int(tc.warmup_ratio * total_steps)
-    scheduler = get_scheduler(tc.scheduler, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
+    lengths = schedule_lengths(len(train_ds), tc, accelerator.num_processes)
+    batches_per_process, total_steps, num_epochs = (lengths["batches_per_process"], lengths["total_steps"],
+                                                    lengths["num_epochs"])
+    scheduler = get_scheduler(tc.scheduler, optimizer, num_warmup_steps=lengths["warmup"],
+                              num_training_steps=total_steps)
     model, optimizer, train_dl = accelerator.prepare(model, optimizer, train_dl)
     if len(train_dl) != batches_per_process:
         raise RuntimeError(f"expected {batches_per_process} batches per process, accelerate made {len(train_dl)}")
@@ -449,24 +300,3 @@ def train(cfg: Config, overwrite: bool = False) -> dict:
         tmp.replace(out_dir / RESULTS_NAME)  # atomic: a kill while writing it leaves an unfinished run
     accelerator.end_training()
     return results
-
-
-def evaluate_only(cfg: Config, model_dir: str) -> dict:
-    """Evaluate a saved model directory on ``data.eval_files``; writes ``<output_dir>/eval_metrics.json``."""
-    task = get_task(cfg.task)
-    accelerator = make_accelerator(cfg)
-    model = task.model_cls.from_pretrained(model_dir)
-    eval_ds = build_eval_dataset(task, model, cfg, cfg.data.eval_files)
-    if eval_ds is None:
-        raise ConfigError("data.eval_files is empty: nothing to evaluate")
-    collate = (task.collate or Collator)(model.tokenizer.pad_token_id, task.pad_values)
-    dl = DataLoader(eval_ds, batch_size=cfg.train.eval_batch_size, collate_fn=collate)
-    model, dl = accelerator.prepare(model, dl)
-    t0 = time.time()
-    metrics = evaluate(accelerator, model, dl, task, eval_ds.groups)
-    metrics["eval_time_s"] = round(time.time() - t0, 1)
-    if accelerator.is_main_process:
-        out = Path(cfg.train.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "eval_metrics.json").write_text(json.dumps({"model": str(model_dir), **metrics}, indent=2) + "\n")
-    return metrics

@@ -1,0 +1,151 @@
+"""What EfficientRAG's loop costs per question, in plain Labeler forwards (``scripts/bench_loop_cost.py``).
+
+Each variant of a loop config is run batched and one question at a time; the *unit* is one plain fp32 forward of
+the Labeler over a (query, chunk) pair it read, timed between the loop's batches (the machine's load drifts, so
+the unit is timed beside what it divides); the ratio is loop seconds per question / unit seconds per pair.
+Recall, the pools' identity with the baseline's and the inputs each model read come with every variant.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def labeler_pairs(results, corpus, chunk_format: str) -> list[tuple[str, str]]:
+    """Every (query, chunk text) the Labeler read, from the results' per-hop trace."""
+    from effrag.text import chunk_text
+
+    out = []
+    for r in results:
+        for e in r.hops:
+            for c in e["chunks"]:
+                p = corpus[c["id"]]
+                out.append((e["queries"][c["query"]], chunk_text(p.title, p.text, chunk_format)))
+    return out
+
+
+class PlainForward:
+    """One plain forward of the Labeler per pair: inputs tokenised and padded beforehand, only ``model(**batch)``
+    timed, length-sorted batches of ``batch_size``, fp32 on CPUs without native bf16 (:mod:`effrag.hardware`)."""
+
+    def __init__(self, labeler, pairs: list[tuple[str, str]], batch_size: int = 64, max_length: int | None = None):
+        from effrag.models.tokenization import length_batches, pad_batch
+        from effrag.text import words_batch
+
+        self.model, self.n = labeler, len(pairs)
+        enc = labeler.encode(words_batch([q for q, _ in pairs]), words_batch([c for _, c in pairs]),
+                             max_length=max_length)
+        feats = [e.features() for e in enc]
+        for f in feats:
+            f.pop("labels")
+        self.lengths = [len(f["input_ids"]) for f in feats]
+        self.batches = [pad_batch([feats[i] for i in idx], labeler.tokenizer.pad_token_id)
+                        for idx in length_batches(self.lengths, batch_size)]
+
+        self.seconds, self.pairs, self._next = 0.0, 0, 0
+
+    def step(self) -> None:
+        """Time the next batch (cyclically); steps interleaved with the loop's batches see the same load."""
+        import torch
+
+        from effrag.hardware import resolve_bf16
+
+        device = self.model.device
+        b = self.batches[self._next % len(self.batches)]
+        with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16,
+                                                     enabled=resolve_bf16(True, device.type)):
+            t0 = time.perf_counter()
+            self.model(**{k: v.to(device) for k, v in b.items()})
+            self.seconds += time.perf_counter() - t0
+        self.pairs += len(b["input_ids"])
+        self._next += 1
+
+    def seconds_per_pair(self) -> float:
+        """Time per pair over whole cycles of the batches since the last call (so every length is counted)."""
+        if not self.batches:
+            return float("nan")
+        while self._next % len(self.batches) or not self.pairs:
+            self.step()
+        out = self.seconds / self.pairs
+        self.seconds, self.pairs = 0.0, 0
+        return out
+
+
+def run_variant(loop, texts: list[str], gold: list[list[str]], batch: int, single: int, between=None) -> dict:
+    """Batched and one-at-a-time loop runs: results, seconds, recall, stage times."""
+    from effrag.evaluation.metrics import recall
+
+    loop.run(texts[:1])  # warm-up (and the int8 copies, made once)
+    results, batched_s = [], 0.0
+    for i in range(0, len(texts), batch):
+        t0 = time.perf_counter()
+        results += loop.run(texts[i: i + batch])
+        batched_s += time.perf_counter() - t0
+        if between:
+            between(results[i:])
+    t0 = time.perf_counter()
+    for q in texts[:single]:
+        loop.run([q])
+    single_s = time.perf_counter() - t0
+    n = len(texts)
+    stages = {k: sum(r.timing[k] for r in results) / n for k in ("retrieval", "labeler", "filter", "other")}
+    return {"results": results, "n": n, "s_per_q": batched_s / n, "qps_batched": n / batched_s,
+            "qps_single": single / single_s if single else None,
+            "recall": statistics.fmean(recall([c.id for c in r.chunks], g) for r, g in zip(results, gold)),
+            "iterations": statistics.fmean(r.iterations for r in results), "stages": stages}
+
+
+def measure(setup, labeler, filter_model, base_config, variants: dict[str, dict], *, batch: int = 16,
+            single: int = 8, unit_pairs: int = 256, log=print, ranker=None) -> dict:
+    """Every variant's cost and recall; the unit (plain Labeler forward per pair) timed between its batches."""
+    from effrag.pipelines.efficientrag import EfficientRAGLoop
+    from effrag.tuning.efficientrag import forwards
+
+    texts, rows, unit, base_ids = setup.texts, [], None, None
+    for name, changes in variants.items():
+        cfg = base_config.replace(**changes)
+        loop = EfficientRAGLoop(labeler, filter_model, setup.retriever, cfg, ranker=ranker)
+        def between(batch_results, cfg=cfg):
+            nonlocal unit
+            if unit is None:  # the baseline's first batch: its pairs give the unit's sample (every k-th)
+                pairs = labeler_pairs(batch_results, setup.corpus, cfg.chunk_format)
+                unit = PlainForward(labeler, pairs[:: max(1, len(pairs) // unit_pairs)][:unit_pairs])
+            unit.step()
+
+        v = run_variant(loop, texts, setup.gold, batch, single, between)
+        results = v.pop("results")
+        read = [forwards(r.hops) for r in results]  # [Labeler, ranker, Filter] inputs per question
+        v["read_per_q"] = [statistics.fmean(x[i] for x in read) for i in range(3)]
+        pairs = labeler_pairs(results, setup.corpus, cfg.chunk_format)
+        ids = [[c.id for c in r.chunks] for r in results]
+        v["unit_s"] = unit.seconds_per_pair()
+        if base_ids is None:  # the baseline: a plain forward over exactly the pairs it read
+            base_ids = ids
+            own = PlainForward(labeler, pairs)
+            v["plain_all_s_per_q"] = own.seconds_per_pair() * len(pairs) / len(texts)
+            v["plain_all_unit_s"] = unit.seconds_per_pair()  # the unit right after that full pass
+            v["pair_tokens"] = {"median": statistics.median(own.lengths), "max": max(own.lengths),
+                                "over_128": sum(n > 128 for n in own.lengths) / len(own.lengths)}
+        v["identical"] = ids == base_ids
+        v.update(name=name, changes=changes, pairs_per_q=len(pairs) / len(texts), ratio=v["s_per_q"] / v["unit_s"])
+        rows.append(v)
+        log(f"{name}: {v['s_per_q']:.3f} s/q, unit {1000 * v['unit_s']:.1f} ms/pair, ratio {v['ratio']:.1f}, "
+            f"recall {v['recall']:.4f}, pairs/q {v['pairs_per_q']:.1f}")
+    return {"rows": rows}
+
+
+def report(out: dict, base_recall: float) -> str:
+    from effrag.evaluation.report import md_table
+
+    rows = []
+    for v in out["rows"]:
+        s = v["stages"]
+        rows.append([v["name"], f"{100 * v['recall']:.2f}", f"{100 * (v['recall'] - base_recall):+.2f}",
+                     f"{v['pairs_per_q']:.1f}", " / ".join(f"{x:.1f}" for x in v["read_per_q"]), f"{v['iterations']:.2f}", f"{v['s_per_q']:.3f}",
+                     f"{v['qps_batched']:.2f}", "-" if v["qps_single"] is None else f"{v['qps_single']:.2f}",
+                     f"{s['retrieval']:.3f}", f"{s['labeler']:.3f}", f"{s['filter']:.3f}", f"{s['other']:.3f}",
+                     f"{1000 * v['unit_s']:.1f}", f"{v['ratio']:.1f}",
+                     "yes" if v["identical"] else "no"])
+    return md_table(["variant", "recall %", "Δ pts", "pairs/q", "read/q (Labeler / ranker / Filter)", "hops", "s/q", "q/s batched", "q/s single",
+                     "retrieval s/q", "labeler s/q", "filter s/q", "other s/q", "unit ms/pair", "ratio",
+                     "same pools"], rows, "lrrrrrrrrrrrrrrl")

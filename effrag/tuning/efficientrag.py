@@ -315,9 +315,12 @@ def tuning_report(rows: Sequence[dict], best: dict | None, direct: Sequence[dict
 
     from ..evaluation.report import md_table
 
+    from dataclasses import asdict
+
     names = sorted({k for r in rows for k in r["changes"]})
+    defaults = asdict(EfficientRAGConfig())  # a row written before an option existed leaves it out: its default
     front = pareto(rows)
-    body = [[*(str(r["changes"].get(n, r["config"].get(n))) for n in names), f"{100 * r['recall']:.2f}",
+    body = [[*(str(r["changes"].get(n, r["config"].get(n, defaults.get(n)))) for n in names), f"{100 * r['recall']:.2f}",
              f"{r['avg_chunks']:.2f}", f"{r['iterations']:.2f}", f"{100 * r['empty_pool']:.1f}%",
              f"{100 * r['seen_recall']:.2f}" if "seen_recall" in r else "-",
              f"{r['avg_seen']:.1f}" if "avg_seen" in r else "-", "*" if i in front else ""]

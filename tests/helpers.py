@@ -22,7 +22,7 @@ def make_tiny_efficientrag(root: Path) -> dict[str, Path]:
 
     Randomly initialised (seed 0) with widened heads, so that p(<Continue>) and word keep probabilities spread
     over (0, 1) and every threshold in a grid changes what the loop does. The same seed gives the same weights,
-    which the golden predictions (tests/test_golden_predictions.py) rely on.
+    which the golden predictions (tests/evaluation/test_golden_predictions.py) rely on.
     """
     import torch
     from transformers import AutoModel, BertConfig

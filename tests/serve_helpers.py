@@ -1,5 +1,5 @@
 """The HTTP service under test (``effrag serve`` on a free loopback port) and its small configs, shared by
-tests/test_serve.py and tests/test_serve_startup.py (a test file never imports another test file).
+tests/serve/test_serve.py and tests/serve/test_serve_startup.py (a test file never imports another test file).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """EfficientRAG's loop options: one rule per option (type, range, allowed values), shared by the CLI, loop config
 files, ``from_pretrained``, the service and the HTTP API (issue #40 §5-7). serve.yaml start-up cases are in
-tests/test_serve.py (``test_start_up_errors_are_one_line``), the HTTP body's in ``test_bad_requests_get_clear_errors``.
+tests/serve/test_serve.py (``test_start_up_errors_are_one_line``), the HTTP body's in ``test_bad_requests_get_clear_errors``.
 """
 from __future__ import annotations
 

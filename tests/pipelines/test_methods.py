@@ -22,7 +22,7 @@ from effrag.pipelines.self_ask import run_chain
 from effrag.retrieval import BM25Retriever
 
 METHODS = ["direct", "cot", "decompose-r", "iter-retgen", "self-ask", "ircot", "searchain", "mcr"]
-READER_CKPT = Path(__file__).resolve().parent.parent / "checkpoints" / "reader-all"
+READER_CKPT = Path(__file__).resolve().parents[2] / "checkpoints" / "reader-all"
 
 
 class Replay:

@@ -297,7 +297,7 @@ def test_checkpoint_records_weight_hashes_and_refuses_changed_files(tiny_efficie
     ckpt = _copy_checkpoint(tiny_efficientrag_dirs, tmp_path)
     files = json.loads((ckpt / "effrag_config.json").read_text())["files"]
     assert set(files) == {"model.safetensors", "heads.safetensors", "config.json", "tokenizer.json",
-                          "tokenizer_config.json"}  # the last three: tests/test_model_files.py
+                          "tokenizer_config.json"}  # the last three: tests/training/test_model_files.py
     for name, rec in files.items():
         data = (ckpt / name).read_bytes()
         assert rec == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}

@@ -318,7 +318,7 @@ def test_sample_paths():
 
 @pytest.mark.parametrize("ds,split,n", [("hotpotqa", "train", 60), ("musique", "dev", 30), ("strategyqa", "dev", 10)])
 def test_sample_is_verbatim_prefix_of_shared_data(ds, split, n):
-    src = Path(__file__).resolve().parents[2] / "shared" / "data" / ds / f"{split}.jsonl"
+    src = Path(__file__).resolve().parents[3] / "shared" / "data" / ds / f"{split}.jsonl"
     if not src.is_file():
         pytest.skip(f"{src} not present")
     lines = sample_path(ds, split).read_bytes().splitlines(keepends=True)

@@ -22,7 +22,7 @@ from effrag.data import Corpus, load_questions, sample_path
 from effrag.text import join_words, words
 from effrag.data.records import normalize_space
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DATASETS = ("hotpotqa", "2wikimqa", "musique")
 
 

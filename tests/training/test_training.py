@@ -259,7 +259,7 @@ def test_recipe_passes_labeler_only_overrides(tmp_path):
 ])
 def test_config_values_that_cannot_train_are_one_line_errors(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
-        load_config(Path(__file__).parents[1] / "configs" / "labeler.yaml", override)
+        load_config(Path(__file__).parents[2] / "configs" / "labeler.yaml", override)
 
 
 def test_a_missing_encoder_is_a_config_error_before_any_loading(tmp_path):
@@ -271,5 +271,5 @@ def test_a_missing_encoder_is_a_config_error_before_any_loading(tmp_path):
         check_encoder("/no/such/encoder", "model")
     with pytest.raises(ConfigError, match="nor a locally cached hub model"):
         check_encoder("nobody/not-a-cached-model", "model")
-    cfg = load_config(Path(__file__).parents[1] / "configs" / "labeler_paper.yaml")  # loads; its encoder is checked at build
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "labeler_paper.yaml")  # loads; its encoder is checked at build
     assert cfg.model.name_or_path == "microsoft/deberta-v3-large"

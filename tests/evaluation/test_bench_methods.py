@@ -12,7 +12,7 @@ from effrag.pipelines.efficientrag_system import dataset_config
 
 from helpers import run_script
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 
 
 def test_er_config_is_a_file_or_a_directory_of_loop_configs(tmp_path):

@@ -1,8 +1,8 @@
 """Behaviour is unchanged by refactoring: Direct-R and EfficientRAG (tiny seeded models, tests/helpers.py) give the
-same predictions on bundled questions as they gave when ``tests/golden/predictions.json`` was written.
+same predictions on bundled questions as they gave when ``tests/evaluation/golden/predictions.json`` was written.
 
 The file was generated once from the code before the package was re-laid out (issue #42), by
-``python tests/test_golden_predictions.py`` (writes the file); it is committed, and this test compares against it.
+``python tests/evaluation/test_golden_predictions.py`` (writes the file); it is committed, and this test compares against it.
 Run through ``effrag eval`` (RunSetup, the registered pipelines, the runner's rows) and through the public API
 (``EfficientRAG.from_pretrained``), with BM25 and dense retrieval, the plain Labeler/Filter and a system folder
 (ranker, ``pool_order: rank``). Timings are dropped and floats rounded to 6 digits; everything else is compared.
@@ -96,7 +96,7 @@ def test_direct_r_and_efficientrag_predict_what_they_predicted_before_the_relayo
 if __name__ == "__main__":  # writes the golden file (once, from the code the refactor must not change)
     import tempfile
 
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[1]))
     from helpers import make_tiny_efficientrag
 
     with tempfile.TemporaryDirectory() as tmp:

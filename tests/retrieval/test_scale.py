@@ -64,7 +64,7 @@ def _ids_scores(results):
 
 def _env(**extra):
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1]), **extra}
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2]), **extra}
 
 
 def _cli(*args, env=None, **kw):

@@ -23,10 +23,9 @@ is :mod:`.efficientrag_pipeline`.
 """
 from __future__ import annotations
 
-import math
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from effrag.text import chunk_text, filter_input_words, join_words, words, words_batch
@@ -34,7 +33,7 @@ from effrag.text import chunk_text, filter_input_words, join_words, words, words
 # the loop's options live in their own module; importing them from here keeps working
 from .efficientrag_config import (CONTINUE, DEDUP_MODES, POOL_ORDERS, POOL_SOURCES, QUERY_MODES,  # noqa: F401
                                   RANK_QUERIES, TERMINATE, EfficientRAGConfig, build_config)
-from .efficientrag_pool import _logit, _requery_ranks, _requery_scores, rank_pool  # noqa: F401
+from .efficientrag_pool import _logit, rank_pool
 from .result import Chunk, Result
 
 @dataclass

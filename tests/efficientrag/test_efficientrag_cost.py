@@ -9,15 +9,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from effrag.data import Corpus, load_questions, sample_path
+from effrag.data import Corpus
 from effrag.pipelines.efficientrag import EfficientRAGConfig, EfficientRAGLoop, build_config, int8_copy
+from helpers import hotpot_dev
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
 def hotpot():
-    return load_questions(sample_path("hotpotqa", "dev"))[:30]
+    return hotpot_dev(30)
 
 
 @pytest.fixture(scope="module")

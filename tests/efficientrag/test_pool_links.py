@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from effrag.data import Corpus, load_questions, sample_path
 from effrag.models import FilterModel, LabelerModel, RankerModel
 from effrag.pipelines.efficientrag import EfficientRAGConfig, EfficientRAGLoop
 from effrag.pipelines.efficientrag_pool import rank_pool
@@ -80,12 +79,8 @@ def _mentions(text, title):
     return len(name) >= 4 and f" {name} " in " " + " ".join(re.sub(r"[^0-9a-z]+", " ", text.lower()).split()) + " "
 
 
-def test_the_loop_over_real_models_orders_its_pool_by_relevance_plus_link_bonus(tiny_efficientrag_dirs):
-    d = tiny_efficientrag_dirs
-    hotpot = load_questions(sample_path("hotpotqa", "dev"))[:30]
-    from effrag.retrieval import build_retriever
-
-    retriever = build_retriever("bm25", Corpus.from_questions(hotpot), show_progress=False)
+def test_the_loop_over_real_models_orders_its_pool_by_relevance_plus_link_bonus(tiny_efficientrag_dirs, hotpot, retriever):
+    d = tiny_efficientrag_dirs  # hotpot, retriever: BM25 over the bundled questions' contexts (conftest.py)
     lab, fil, rank = (LabelerModel.from_pretrained(d["labeler"]).eval(), FilterModel.from_pretrained(d["filter"]).eval(),
                       RankerModel.from_pretrained(d["ranker"]).eval())
     cfg = dict(hop_k=4, first_hop_k=8, max_hops=2, tag_threshold=0.0, pool_source="seen", pool_order="rank",

@@ -10,25 +10,24 @@ import math
 import pytest
 import torch
 
-from effrag.data import Corpus, load_questions, sample_path
+from effrag.data import load_questions, sample_path
 from effrag.models import FilterModel, LabelerModel, RankerModel, load_model
 from effrag.models.ranker import listwise_loss
 from effrag.models.tokenization import IGNORE
 from effrag.pipelines.efficientrag import EfficientRAGConfig, EfficientRAGLoop
+from helpers import bm25_over, hotpot_dev
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def hotpot():
-    return load_questions(sample_path("hotpotqa", "dev"))[:30]
+    return hotpot_dev(30)
 
 
 @pytest.fixture(scope="module")
 def retriever(hotpot):
-    from effrag.retrieval import build_retriever
-
-    return build_retriever("bm25", Corpus.from_questions(hotpot), show_progress=False)
+    return bm25_over(hotpot)
 
 
 @pytest.fixture(scope="module")

@@ -46,6 +46,44 @@ def make_tiny_efficientrag(root: Path) -> dict[str, Path]:
     return dirs
 
 
+# -- recorded results across CPUs -------------------------------------------------------------------------------
+# Floats recorded on one CPU differ in their last digits on another (bf16 and int8 kernels, the order of a sum);
+# a recorded float matches within FLOAT_REL relative, or FLOAT_ABS absolute: one unit in the last place of a value
+# rounded to 4 decimals (p(<Continue>) in a trace), which a 1e-6 difference can move. Everything else is exact.
+FLOAT_REL, FLOAT_ABS = 1e-4, 1.5e-4
+
+
+def first_difference(got, want, where: str = "") -> str | None:
+    """Where ``got`` first differs from the recorded ``want`` (``"scores[3]: 0.2449 vs 0.2451"``), or None.
+
+    Ids, order, lengths, strings, ints and bools compare exactly; floats within FLOAT_REL / FLOAT_ABS."""
+    at = where or "the row"
+    if isinstance(want, float) or isinstance(got, float):
+        if not isinstance(got, (int, float)) or not isinstance(want, (int, float)) \
+                or isinstance(got, bool) or isinstance(want, bool):
+            return f"{at}: {got!r} vs recorded {want!r}"
+        if abs(got - want) <= max(FLOAT_REL * max(abs(got), abs(want)), FLOAT_ABS):
+            return None
+        return f"{at}: {got!r} vs recorded {want!r} (beyond {FLOAT_REL:g} relative, {FLOAT_ABS:g} absolute)"
+    if isinstance(want, dict) and isinstance(got, dict):
+        if sorted(got) != sorted(want):
+            return f"{at}: fields {sorted(got)} vs recorded {sorted(want)}"
+        for k in want:
+            d = first_difference(got[k], want[k], f"{where}.{k}" if where else k)
+            if d:
+                return d
+        return None
+    if isinstance(want, list) and isinstance(got, list):
+        if len(got) != len(want):
+            return f"{at}: {len(got)} items vs recorded {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            d = first_difference(g, w, f"{where}[{i}]")
+            if d:
+                return d
+        return None
+    return None if got == want and type(got) is type(want) else f"{at}: {got!r} vs recorded {want!r}"
+
+
 # -- dataset files ---------------------------------------------------------------------------------------------
 def raw_records(dataset: str, split: str = "dev") -> list[dict]:
     """The bundled sample file's records as JSON, unparsed by effrag."""

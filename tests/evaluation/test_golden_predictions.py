@@ -5,7 +5,12 @@ The file was generated once from the code before the package was re-laid out (is
 ``python tests/evaluation/test_golden_predictions.py`` (writes the file); it is committed, and this test compares against it.
 Run through ``effrag eval`` (RunSetup, the registered pipelines, the runner's rows) and through the public API
 (``EfficientRAG.from_pretrained``), with BM25 and dense retrieval, the plain Labeler/Filter and a system folder
-(ranker, ``pool_order: rank``). Timings are dropped and floats rounded to 6 digits; everything else is compared.
+(ranker, ``pool_order: rank``). Timings are dropped and floats rounded to 6 digits; everything else is compared:
+ids, order, chunk counts, kept words and text exactly, floats within ``helpers.FLOAT_REL`` relative (1e-4) or
+``FLOAT_ABS`` absolute, since another CPU's kernels (AVX512-BF16, AMX) move their last digits. Rankings are compared
+exactly: in the recorded Direct-R runs the closest adjacent scores differ by over twice the float tolerance (checked
+below), so a kernel difference cannot reorder them; if a model change ever brings a near-tie into the golden file,
+regenerate it from questions without one. The shipped models' spread across CPU kinds is in ``docs/reliability.md``.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import FLOAT_REL, first_difference
 
 GOLDEN = Path(__file__).parent / "golden" / "predictions.json"
 TIMES = {"latency_s", "timing", "method_latency_s"}
@@ -90,7 +96,34 @@ def test_direct_r_and_efficientrag_predict_what_they_predicted_before_the_relayo
     for name in golden:
         assert len(now[name]) == len(golden[name]), name
         for i, (row, want) in enumerate(zip(now[name], golden[name])):
-            assert row == want, f"{name} row {i} ({want.get('qid')}) differs"
+            qid = want.get("qid") if isinstance(want, dict) else f"question {i}"
+            diff = first_difference(row, want)
+            assert diff is None, f"{name} row {i} ({qid}): {diff}"
+
+
+def test_recorded_rankings_have_no_near_tie_a_cpu_could_flip():
+    golden = json.loads(GOLDEN.read_text())
+    gaps = [abs(a - b) / max(abs(a), abs(b)) for name, rows in golden.items() if "/direct-r-" in name
+            for row in rows for a, b in zip(row["scores"], row["scores"][1:])]
+    assert len(gaps) > 20 and min(gaps) > 2 * FLOAT_REL
+
+
+def test_recorded_floats_match_within_the_stated_tolerance_and_nothing_else_does():
+    """The comparison itself: a last-digit float difference passes (another CPU's kernels); a larger one, an id, an
+    order, a missing field or a changed string fails, and the message names the field."""
+    row = {"qid": "q1", "retrieved": ["a", "b"], "scores": [0.244882, -5.575619],
+           "trace": [{"p_continue": 0.1235, "kept": "x y"}]}
+    near = {**row, "scores": [0.244883, -5.575618], "trace": [{"p_continue": 0.1234, "kept": "x y"}]}
+    assert first_difference(near, row) is None
+    assert first_difference({**row, "scores": [0.2452, -5.575619]}, row) == \
+        "scores[0]: 0.2452 vs recorded 0.244882 (beyond 0.0001 relative, 0.00015 absolute)"
+    assert first_difference({**row, "retrieved": ["b", "a"]}, row) == "retrieved[0]: 'b' vs recorded 'a'"
+    assert first_difference({**row, "trace": [{"p_continue": 0.1235, "kept": "x"}]}, row) == \
+        "trace[0].kept: 'x' vs recorded 'x y'"
+    assert first_difference({k: v for k, v in row.items() if k != "trace"}, row).startswith("the row: fields")
+    assert first_difference([[{"id": "a", "score": 1.0}]], [[{"id": "a", "score": 1.0}, {"id": "b"}]]) == \
+        "[0]: 1 items vs recorded 2"
+    assert first_difference({**row, "scores": [1, -5.575619]}, row) is not None  # 1 vs 0.244882
 
 
 if __name__ == "__main__":  # writes the golden file (once, from the code the refactor must not change)

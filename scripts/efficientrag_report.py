@@ -39,26 +39,38 @@ def sample_ids(datasets) -> list[str]:
     return [q.id for d in datasets for q in load_questions(sample_path(d, "dev"))]
 
 
-def direct_r(data: Path, dataset: str, skip: set[str]) -> dict[str, dict[int, float]]:
+def direct_r(data: Path, dataset: str, skip: set[str]) -> tuple[dict[str, dict[int, float]], dict]:
     """Direct-R recall at k = 1..30 for each retriever kind, on the dev questions not in ``skip``: the top 30 cut
     at k (``effrag eval --k 1 ... --k 30``); for hybrid, the better of that and fusing each retriever's own top k
-    (``effrag eval --retriever hybrid --k K``), so that the baseline is the stronger of the two."""
+    (``effrag eval --retriever hybrid --k K``), so that the baseline is the stronger of the two. Also each
+    question's recall at the target depths (:data:`TARGETS`), per kind (hybrid's two forms apart): the floors the
+    cheapest-that-keeps-the-bar rule measures on each fold's own questions."""
     from effrag.evaluation.metrics import recall
     from effrag.experiment import RunSetup
 
-    out = {}
+    out, per_q = {}, {}
     for kind in KINDS:
         run = RunSetup.build(data / dataset / "dev.jsonl", corpus_from=[data / dataset / "train.jsonl"], retriever=kind,
                              bf16=True)
         keep = [i for i, q in enumerate(run.questions) if q.id not in skip]
         texts, gold = [run.texts[i] for i in keep], [run.gold[i] for i in keep]
+        ids = [run.questions[i].id for i in keep]
         ks = range(1, 31)
         top = run.retriever.search(texts, max(ks))
-        score = lambda hits: sum(recall([h.id for h in hs], g) for hs, g in zip(hits, gold)) / len(gold)  # noqa: E731
-        out[kind] = {k: score([h[:k] for h in top]) for k in ks}
+        each = lambda hits: [recall([h.id for h in hs], g) for hs, g in zip(hits, gold)]  # noqa: E731
+        out[kind] = {k: sum(each([h[:k] for h in top])) / len(gold) for k in ks}
+        per_q[kind] = {k: dict(zip(ids, each([h[:k] for h in top]))) for k in TARGETS.values()}
         if kind == "hybrid":  # fusing each retriever's own top k can beat the fused top 30 cut at k: the better one
-            out[kind] = {k: max(v, score(run.retriever.search(texts, k))) for k, v in out[kind].items()}
-    return out
+            own = {k: each(run.retriever.search(texts, k)) for k in ks}
+            out[kind] = {k: max(v, sum(own[k]) / len(gold)) for k, v in out[kind].items()}
+            per_q["hybrid-own-k"] = {k: dict(zip(ids, own[k])) for k in TARGETS.values()}
+    return out, per_q
+
+
+def floors_of(per_q: dict, budgets) -> dict:
+    """dataset -> budget -> baseline -> recall per question at the budget's target depth (``crossfit`` floors)."""
+    return {ds: {b: {kind: by_k[TARGETS[b]] for kind, by_k in kinds.items()} for b in budgets if b in TARGETS}
+            for ds, kinds in per_q.items()}
 
 
 def strongest(direct: dict[str, dict[int, float]], k: int) -> tuple[str, float]:
@@ -109,6 +121,28 @@ def curve(report: dict, direct: dict) -> tuple[str, list[dict]]:
     return md_table(["", *(str(k) for k in range(1, 11))], rows, "l" + "r" * 10), plot
 
 
+def pareto_table(tunes: dict, direct: dict, k: int, seed: int, skip) -> tuple[str, dict]:
+    """Each dataset's cost points (``effrag.tuning.loop_cost.cost_curve``): reads per model, the reading cost in
+    trained-length pair reads, and the cross-fitted recall at 5 / 7 / 10 of the best-recall choice within that
+    point, beside the strongest Direct-R@20 and @30."""
+    from effrag.tuning.loop_configs import read_rows
+    from effrag.tuning.loop_cost import cost_curve
+
+    rows, data = [], {}
+    for ds, folder in tunes.items():
+        curve = cost_curve(read_rows(folder), k=k, seed=seed, exclude=skip)
+        data[ds] = curve
+        bars = {t: strongest(direct[ds], t) for t in TARGETS.values()}
+        for c in curve:
+            rows.append([ds, ", ".join(f"{n} {v}" for n, v in c["point"].items()),
+                         " / ".join(f"{x:.1f}" for x in c["reads"]), f"{c['read_cost']:.1f}",
+                         *(f"{100 * c['recall'][b]:.1f}" for b in (5, 7, 10)),
+                         *(("yes" if c["recall"][b] >= bars[TARGETS[b]][1] else "no") for b in (7, 10))])
+    head = ["dataset", "cost point", "read/q (Labeler / ranker / Filter)", "pair reads/q", "R@5", "R@7", "R@10",
+            "@7 >= strongest @20", "@10 >= strongest @30"]
+    return md_table(head, rows, "lllrrrrll"), data
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tune", nargs="+", required=True, metavar="DATASET=DIR")
@@ -118,6 +152,10 @@ def main(argv=None) -> int:
     p.add_argument("--budgets", type=int, nargs="+", default=[7, 10])
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rule", choices=("best", "cheapest"), default="best",
+                   help="best: the best recall at the budgets; cheapest: the config that reads least while keeping the "
+                        "bar (the strongest Direct-R at the budgets' targets on the same questions, + --margin)")
+    p.add_argument("--margin", type=float, default=1.0, help="--rule cheapest: points above the bar (default 1)")
     p.add_argument("--keep-sample", action="store_true", help="let the bundled sample's dev questions choose too")
     args = p.parse_args(argv)
     from effrag.tuning.loop_configs import write_loop_configs
@@ -132,19 +170,31 @@ def main(argv=None) -> int:
     args.output.mkdir(parents=True, exist_ok=True)
     system = args.system or args.output / "configs"
     system.mkdir(parents=True, exist_ok=True)
-    report = write_loop_configs(tunes, system, budgets=args.budgets, k=args.folds, seed=args.seed, exclude=skip)
-    direct = {ds: direct_r(args.data, ds, set(skip)) for ds in tunes}
+    both = {ds: direct_r(args.data, ds, set(skip)) for ds in tunes}
+    direct = {ds: d for ds, (d, _) in both.items()}
+    floors = floors_of({ds: q for ds, (_, q) in both.items()}, args.budgets) if args.rule == "cheapest" else None
+    report = write_loop_configs(tunes, system, budgets=args.budgets, k=args.folds, seed=args.seed, exclude=skip,
+                                floors=floors, margin=args.margin / 100)
     report["direct_r"] = {ds: {kd: {str(k): v for k, v in c.items()} for kd, c in d.items()} for ds, d in direct.items()}
     t2 = table2(report, direct, args.budgets)
     cv, plot = curve(report, direct)
     who = ("every dev question except the bundled sample's (the quickstart's)" if skip else "every dev question")
+    how = (f"best mean recall at {' and '.join(map(str, args.budgets))} chunks" if args.rule == "best" else
+           f"the config that reads least among those whose recall at {' and '.join(map(str, args.budgets))} chunks "
+           f"keeps the strongest Direct-R@{' and @'.join(str(TARGETS[b]) for b in args.budgets if b in TARGETS)} of "
+           f"the same questions + {args.margin:g} points, else the best recall")
     note = (f"Recall %. EfficientRAG figures are cross-fitted ({args.folds} folds, seed {args.seed}): each question "
-            f"is scored by the config chosen on the other folds (best mean recall at {' and '.join(map(str, args.budgets))} "
-            f"chunks; loop.json: jointly over the datasets). Questions: {who}. Retriever under the loop: "
-            f"{report['retriever']}.\n")
+            f"is scored by the config chosen on the other folds ({how}; loop.json: jointly over the datasets). "
+            f"Questions: {who}. Retriever under the loop: {report['retriever']}.\n")
     (args.output / "table2.md").write_text(note + "\n" + t2)
     (args.output / "curve.md").write_text("Recall % at k chunks (cross-fitted), against the strongest Direct-R@k "
                                           "(its retriever in brackets)\n\n" + cv)
+    pt, report["pareto"] = pareto_table(tunes, direct, args.folds, args.seed, skip)
+    (args.output / "pareto.md").write_text(
+        "Each cost point the tuning tried: what the loop read per question (held-out questions' mean) and recall % "
+        f"cross-fitted within the point ({args.folds} folds, seed {args.seed}: its other options, e.g. the pool "
+        "weights, chosen on the other folds by best recall at 7 and 10). *pair reads/q* weighs each read by its "
+        "input length (a Filter input is 0.25 of a pair); seconds are scripts/bench_loop_cost.py's.\n\n" + pt + "\n")
     (args.output / "crossfit.json").write_text(json.dumps(report, indent=1, default=str))
     try:
         from effrag.evaluation.plots import write_report_plot

@@ -243,7 +243,8 @@ class EfficientRAGLoop:
             (lambda s, qi: s.queries[qi])
         rank_scores = self._rank.predict([rank_text(s, qi) for s, qi, _ in ranked],
                                          pair_words + self._chunk_words([h for _, _, h in rescore]),
-                                         batch_size=cfg.batch_size, max_length=cfg.labeler_max_length,
+                                         batch_size=cfg.batch_size,
+                                         max_length=cfg.ranker_max_length or cfg.labeler_max_length,
                                          bf16=cfg.bf16) if self._rank is not None and ranked else [None] * len(pairs)
         for (s, qi, h), score in zip(rescore, rank_scores[len(pairs):]):
             s.rescores[h.id] = max(float(score), s.rescores.get(h.id, float("-inf")))

@@ -49,6 +49,8 @@ _FLAGS = {  # effrag eval flag -> (type, help); dest = config field (except --er
                        "next query (default: all)"),
     "--er-batch-size": (int, "Labeler/Filter forward batch size (default 32)"),
     "--labeler-max-length": (int, "Labeler input length in sub-tokens (default: the trained length)"),
+    "--ranker-max-length": (int, "with --ranker: its input length in sub-tokens (default: --labeler-max-length, "
+                            "else the trained length)"),
     "--stop-at-pool": (int, "end a question's loop once its pool holds this many <Continue> chunks (default: off)"),
     "--labeler-top": (int, "with --ranker: the Labeler reads only each hop's N best-ranked new chunks (default: all)"),
     "--rescore-top": (int, "with --ranker: it reads again, under a later hop's query, the earlier chunks among that "

@@ -6,7 +6,9 @@ questions without rerunning the loop. "At most ``b`` chunks" cuts every question
 (``max_candidates = b``): a per-question bound, not an average.
 
 A config is chosen for a set of chunk budgets (the project's bars: 7 and 10) by its mean recall over them,
-and over the datasets when several are given (``loop.json``: one config for every dataset). The config
+and over the datasets when several are given (``loop.json``: one config for every dataset); or, with
+``floors``, as the cheapest config (by what it reads) whose recall keeps the bar (the strongest plain
+retriever's recall on the same choosing questions, plus a margin) at every budget, the best recall on a tie. The config
 ships with ``max_candidates`` = the largest budget; its pool cut at a smaller budget is the same config with
 a smaller ``max_candidates``.
 
@@ -69,6 +71,13 @@ class Candidates:
                                 for c in self.caps}
             self.cost[key] = [list(by_id[q][4]) if len(by_id[q]) > 4 else [0, 0, 0] for q in self.ids]
 
+    def read_cost(self, key: str, members: Sequence[int]) -> float:
+        """The members' mean reading cost under config ``key``, in trained-length pair reads."""
+        from .loop_cost import read_cost
+
+        config = self.rows[key]["config"]
+        return sum(read_cost(config, self.cost[key][i]) for i in members) / len(members)
+
     def mean(self, key: str, cap: int, members: Sequence[int]) -> tuple[float, float]:
         s = self.scores[key][cap]
         return sum(s[i][0] for i in members) / len(members), sum(s[i][1] for i in members) / len(members)
@@ -78,9 +87,18 @@ class Candidates:
         return {**self.rows[key]["config"], "max_candidates": cap if own is None else min(cap, own)}
 
 
-def _best(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]], budgets: Sequence[int]) -> str:
+def _best(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]], budgets: Sequence[int],
+          floors: Mapping[str, Mapping[int, Mapping[str, Mapping[str, float]]]] | None = None,
+          margin: float = 0.0) -> str:
     """The config with the best recall averaged over ``budgets`` and datasets; fewer chunks, then the config's
-    key, break ties (deterministic)."""
+    key, break ties (deterministic).
+
+    With ``floors`` (the *cheapest-that-keeps-the-bar* rule): among the configs whose recall on the member
+    questions reaches, at every budget of every dataset, the floor on the same questions plus ``margin``, the one
+    that reads least (:func:`effrag.tuning.loop_cost.read_cost`), best recall on a tie; when none does, the best
+    recall as above. ``floors[dataset][budget]`` maps each baseline (a retriever kind) to its recall per question
+    id; the floor is the strongest baseline's mean over the members, so a fold's bar is measured on that fold's
+    questions only."""
     bad = [b for b in budgets if b not in next(iter(cands.values())).caps]
     if bad:
         raise ValueError(f"budgets {bad} are not among the scored caps")
@@ -92,16 +110,38 @@ def _best(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]],
         rec, ch = zip(*(cands[d].mean(key, b, members[d]) for d in cands for b in budgets))
         return round(sum(rec) / len(rec), 12), -sum(ch) / len(ch)
 
+    pool = shared
+    if floors is not None:
+        bar = {(d, b): floor(floors[d][b], [c.ids[i] for i in members[d]]) + margin for d, c in cands.items()
+               for b in budgets}
+        keeps = [key for key in shared if all(cands[d].mean(key, b, members[d])[0] >= bar[d, b] - 1e-12
+                                               for d in cands for b in budgets)]
+        if keeps:
+            cost = {key: round(sum(cands[d].read_cost(key, members[d]) for d in cands) / len(cands), 9)
+                    for key in keeps}
+            cheapest = min(cost.values())
+            pool = [key for key in keeps if cost[key] == cheapest]
     best, best_score = None, None
-    for key in shared:  # sorted: on a tie the first key stays
+    for key in pool:  # sorted: on a tie the first key stays
         sc = score(key)
         if best_score is None or sc > best_score:
             best, best_score = key, sc
     return best
 
 
+def floor(by_kind: Mapping[str, Mapping[str, float]], ids: Sequence[str]) -> float:
+    """The strongest baseline's mean recall over ``ids`` (``by_kind``: kind -> recall per question id)."""
+    if not ids:
+        raise ValueError("a floor over no questions")
+    missing = [q for q in ids if any(q not in r for r in by_kind.values())]
+    if missing:
+        raise ValueError(f"no baseline recall for question {missing[0]!r}")
+    return max(sum(r[q] for q in ids) / len(ids) for r in by_kind.values())
+
+
 def crossfit(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[int] = (7, 10), k: int = 5,
-             seed: int = 0, caps: Sequence[int] = CAPS, exclude: Iterable[str] = ()) -> dict[str, Any]:
+             seed: int = 0, caps: Sequence[int] = CAPS, exclude: Iterable[str] = (),
+             floors: Mapping | None = None, margin: float = 0.0) -> dict[str, Any]:
     """Cross-fitted recall of the tuning protocol at each budget, and the held-out curve of the chosen configs.
 
     ``rows_by_dataset``: one tuning folder's rows per dataset (one dataset = per-dataset configs; several =
@@ -109,7 +149,8 @@ def crossfit(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[in
     Returns ``{"budgets", "k", "seed", "datasets": {name: {"recall": {b: r}, "avg_chunks": {b: c}, "curve":
     [[cap, recall, chunks], ...], "n", "forwards"}}, "folds": [{"fold", "config", "chosen_on", "scored_on"}]}``;
     each fold's config was chosen on the other folds (of every dataset). ``forwards`` is the held-out
-    questions' mean reading cost, [Labeler pairs, ranker pairs, Filter inputs].
+    questions' mean reading cost, [Labeler pairs, ranker pairs, Filter inputs]. ``floors`` and ``margin``: the
+    cheapest-that-keeps-the-bar rule of :func:`_best`, each fold's floors on its own choosing questions.
     """
     cands = {d: Candidates(rows, caps) for d, rows in rows_by_dataset.items()}
     skip = set(exclude)
@@ -120,7 +161,7 @@ def crossfit(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[in
     for f in range(k):
         train = {d: [i for i, q in enumerate(c.ids) if q in fold_of[d] and fold_of[d][q] != f] for d, c in cands.items()}
         test = {d: [i for i, q in enumerate(c.ids) if q in fold_of[d] and fold_of[d][q] == f] for d, c in cands.items()}
-        key = _best(cands, train, budgets)
+        key = _best(cands, train, budgets, floors, margin)
         chosen.append({"fold": f, "config": next(iter(cands.values())).config(key, max(budgets)),
                        "chosen_on": {d: len(v) for d, v in train.items()},
                        "scored_on": {d: len(v) for d, v in test.items()}})
@@ -139,12 +180,13 @@ def crossfit(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[in
 
 
 def choose(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[int] = (7, 10),
-           caps: Sequence[int] = CAPS, exclude: Iterable[str] = ()) -> dict[str, Any]:
+           caps: Sequence[int] = CAPS, exclude: Iterable[str] = (), floors: Mapping | None = None,
+           margin: float = 0.0) -> dict[str, Any]:
     """The config chosen on every question but ``exclude`` (to ship), with its in-sample recall (not held out)."""
     cands = {d: Candidates(rows, caps) for d, rows in rows_by_dataset.items()}
     skip = set(exclude)
     members = {d: [i for i, q in enumerate(c.ids) if q not in skip] for d, c in cands.items()}
-    key = _best(cands, members, budgets)
+    key = _best(cands, members, budgets, floors, margin)
     return {"config": next(iter(cands.values())).config(key, max(budgets)),
             "chosen_on": {d: len(m) for d, m in members.items()},
             "in_sample": {d: {b: cands[d].mean(key, b, members[d])[0] for b in budgets} for d in cands}}

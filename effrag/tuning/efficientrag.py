@@ -55,16 +55,19 @@ class CachedRetriever:
 
 
 class CachedModel:
-    """A Labeler's (``pairs=True``) or Filter's ``predict`` memoised per input (one run's options are fixed)."""
+    """A Labeler's or ranker's (``pairs=True``) or Filter's ``predict`` memoised per input and per the options that
+    change an output (``max_length``, ``bf16``), so grid configs that cut inputs differently never share one."""
 
     def __init__(self, model, pairs: bool):
         self.model, self.pairs, self.cache = model, pairs, {}
 
     def predict(self, *args, **kw):
-        keys = list(zip(args[0], map(tuple, args[1]))) if self.pairs else [tuple(w) for w in args[0]]
+        how = tuple(sorted((k, v) for k, v in kw.items() if k != "batch_size"))  # max_length, bf16 change outputs
+        keys = [(how, *k) for k in zip(args[0], map(tuple, args[1]))] if self.pairs else \
+            [(how, tuple(w)) for w in args[0]]
         todo = list(dict.fromkeys(k for k in keys if k not in self.cache))
         if todo:
-            inputs = ([k[0] for k in todo], [list(k[1]) for k in todo]) if self.pairs else ([list(k) for k in todo],)
+            inputs = ([k[1] for k in todo], [list(k[2]) for k in todo]) if self.pairs else ([list(k[1]) for k in todo],)
             for key, out in zip(todo, self.model.predict(*inputs, **kw)):
                 self.cache[key] = out
         return [self.cache[k] for k in keys]
@@ -80,20 +83,34 @@ def model_fingerprint(path: str | Path, with_options: bool = False) -> str | Non
 
 def parse_grid(items: Sequence[str]) -> list[dict[str, Any]]:
     """``["hop_k=5,10", "pool_source=seen"]`` -> every combination as a dict of config changes. An optional
-    option takes ``none`` (``query_chunks=1,none``); a flag takes ``true``/``false``."""
+    option takes ``none`` (``query_chunks=1,none``); a flag takes ``true``/``false``. A *tied* item moves several
+    options together, names and each value's parts joined by ``+``: ``first_hop_k+hop_k=30+10,10+5`` gives two
+    settings (30, 10) and (10, 5), not four: the points of a cost curve, or the structures of several configs."""
     axes: dict[str, list] = {}
     for item in items:
         name, sep, values = item.partition("=")
-        if not sep or name not in GRID_TYPES:
-            raise ValueError(f"bad grid item {item!r}: expected NAME=V1,V2 with NAME in {sorted(GRID_TYPES)}")
+        names = name.split("+")
+        if not sep or not all(n in GRID_TYPES for n in names) or len(set(names)) != len(names):
+            raise ValueError(f"bad grid item {item!r}: expected NAME=V1,V2 (or NAME+NAME=V+V,V+V) with NAME in "
+                             f"{sorted(GRID_TYPES)}")
         try:
-            axes[name] = [GRID_TYPES[name](v) for v in values.split(",") if v]
+            axes[name] = []
+            for v in (v for v in values.split(",") if v):
+                parts = v.split("+")
+                if len(parts) != len(names):
+                    raise ValueError(f"{v!r} has {len(parts)} parts for {len(names)} names")
+                axes[name].append(tuple(GRID_TYPES[n](x) for n, x in zip(names, parts)))
         except ValueError as e:
             raise ValueError(f"bad value in grid item {item!r}: {e}") from None
         if not axes[name]:
             raise ValueError(f"grid item {item!r} has no values")
-    names = list(axes)
-    return [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
+    out = []
+    for combo in itertools.product(*axes.values()):
+        changes: dict[str, Any] = {}
+        for name, values in zip(axes, combo):
+            changes.update(zip(name.split("+"), values))
+        out.append(changes)
+    return out
 
 
 def read_grid_file(path: str | Path) -> list[str]:

@@ -50,11 +50,14 @@ def _describe(res: Mapping[str, Any], dataset: str) -> dict[str, Any]:
 
 
 def write_loop_configs(tunes: Mapping[str, str | Path], system: str | Path, *, budgets: Sequence[int] = (7, 10),
-                       k: int = 5, seed: int = 0, exclude: Iterable[str] = ()) -> dict[str, Any]:
+                       k: int = 5, seed: int = 0, exclude: Iterable[str] = (), floors: Mapping | None = None,
+                       margin: float = 0.0) -> dict[str, Any]:
     """Choose and write ``loop-<dataset>.json`` and ``loop.json`` into ``system``; returns every figure.
 
     ``exclude``: question ids that choose nothing and are scored in no fold (the quickstart's bundled
-    questions, so that what it shows was never used to choose a setting).
+    questions, so that what it shows was never used to choose a setting). ``floors`` (dataset -> budget ->
+    baseline -> recall per question id) and ``margin``: choose the cheapest config that keeps the bar
+    (:func:`.crossfit._best`) instead of the best recall.
     """
     rows = {d: read_rows(f) for d, f in tunes.items()}
     skip = sorted(set(exclude))
@@ -66,26 +69,31 @@ def write_loop_configs(tunes: Mapping[str, str | Path], system: str | Path, *, b
     out = Path(system)
     report: dict[str, Any] = {"budgets": list(budgets), "k": k, "seed": seed, "retriever": retriever,
                               "excluded": len(skip), "per_dataset": {}, "general": {}}
+    rule = {"floors": floors, "margin": margin}
+    report["rule"] = ("cheapest that keeps the bar" if floors is not None else "best recall", margin)
     for d, r in rows.items():
-        held = crossfit({d: r}, budgets, k=k, seed=seed, exclude=skip)
-        pick = choose({d: r}, budgets, exclude=skip)
+        own = {**rule, "floors": None if floors is None else {d: floors[d]}}
+        held = crossfit({d: r}, budgets, k=k, seed=seed, exclude=skip, **own)
+        pick = choose({d: r}, budgets, exclude=skip, **own)
         report["per_dataset"][d] = {"crossfit": held, "chosen": pick}
         _write(out / f"loop-{d}.json", pick, retriever, {d: _describe(held, d)},
-               f"{d} dev questions but the bundled sample's", portable_setup(setups[d]))
-    held = crossfit(rows, budgets, k=k, seed=seed, exclude=skip)
-    pick = choose(rows, budgets, exclude=skip)
+               f"{d} dev questions but the bundled sample's", portable_setup(setups[d]), report["rule"])
+    held = crossfit(rows, budgets, k=k, seed=seed, exclude=skip, **rule)
+    pick = choose(rows, budgets, exclude=skip, **rule)
     report["general"] = {"crossfit": held, "chosen": pick}
     _write(out / "loop.json", pick, retriever, {d: _describe(held, d) for d in rows},
            f"the dev questions of {', '.join(rows)} jointly (mean recall), but the bundled sample's",
-           {d: portable_setup(s) for d, s in setups.items()})
+           {d: portable_setup(s) for d, s in setups.items()}, report["rule"])
     return report
 
 
 def _write(path: Path, pick: Mapping[str, Any], retriever: str, crossfitted: Mapping[str, Any], chosen_on: str,
-           setup: Any) -> None:
+           setup: Any, rule: tuple[str, float]) -> None:
+    how = rule[0] if rule[0] == "best recall" else \
+        f"{rule[0]}: the strongest Direct-R's recall on the same questions + {100 * rule[1]:g} points"
     path.write_text(json.dumps({
         "config": pick["config"], "retriever": retriever,
-        "chosen_on": {"questions": chosen_on, "n": pick["chosen_on"]},
+        "chosen_on": {"questions": chosen_on, "n": pick["chosen_on"], "rule": how},
         "crossfit": crossfitted,
         "in_sample_recall": {d: {str(b): round(v, 4) for b, v in r.items()} for d, r in pick["in_sample"].items()},
         "setup": setup,

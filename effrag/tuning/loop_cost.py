@@ -10,6 +10,27 @@ from __future__ import annotations
 import statistics
 import time
 
+# What one input costs against a (query, chunk) pair at the trained length, for choosing among configs by what they
+# read (the benchmark measures seconds). A Filter input is the query and the kept words (~30 sub-tokens). A pair cut
+# at L sub-tokens costs about min(1, L / 188) of an uncut one: the pairs' median is ~123 sub-tokens, so a cut at 128
+# spares only the longer half (measured with MiniLM-L6 on HotpotQA pairs, 2026-11-27: 0.68 at 128, 0.50 at 96).
+FILTER_READ = 0.25
+FULL_LENGTH_TOKENS = 188
+
+
+def length_factor(max_length: int | None) -> float:
+    """A pair read cut at ``max_length`` sub-tokens, in uncut pair reads (1.0 for None: the trained length)."""
+    return 1.0 if max_length is None else min(1.0, max_length / FULL_LENGTH_TOKENS)
+
+
+def read_cost(config: dict, forwards) -> float:
+    """One question's reading cost in trained-length pair reads: ``forwards`` = [Labeler pairs, ranker pairs,
+    Filter inputs] (:func:`effrag.tuning.efficientrag.forwards`), each pair weighed by its config's input length."""
+    lab, rank, fil = forwards
+    lab_len = config.get("labeler_max_length")
+    rank_len = config.get("ranker_max_length") or lab_len
+    return lab * length_factor(lab_len) + rank * length_factor(rank_len) + fil * FILTER_READ
+
 
 def labeler_pairs(results, corpus, chunk_format: str) -> list[tuple[str, str]]:
     """Every (query, chunk text) the Labeler read, from the results' per-hop trace."""
@@ -25,10 +46,12 @@ def labeler_pairs(results, corpus, chunk_format: str) -> list[tuple[str, str]]:
 
 
 class PlainForward:
-    """One plain forward of the Labeler per pair: inputs tokenised and padded beforehand, only ``model(**batch)``
-    timed, length-sorted batches of ``batch_size``, fp32 on CPUs without native bf16 (:mod:`effrag.hardware`)."""
+    """One plain forward of the Labeler (MiniLM-L6) per pair: inputs tokenised and padded beforehand, only
+    ``model(**batch)`` timed, length-sorted batches of ``batch_size``, in fp32 and, where the CPU runs it natively,
+    in bf16 (:mod:`effrag.hardware`): the unit is the faster of the two, so no CPU's slow path inflates it."""
 
     def __init__(self, labeler, pairs: list[tuple[str, str]], batch_size: int = 64, max_length: int | None = None):
+        from effrag.hardware import resolve_bf16
         from effrag.models.tokenization import length_batches, pad_batch
         from effrag.text import words_batch
 
@@ -41,33 +64,36 @@ class PlainForward:
         self.lengths = [len(f["input_ids"]) for f in feats]
         self.batches = [pad_batch([feats[i] for i in idx], labeler.tokenizer.pad_token_id)
                         for idx in length_batches(self.lengths, batch_size)]
-
-        self.seconds, self.pairs, self._next = 0.0, 0, 0
+        self.modes = ["fp32"] + (["bf16"] if resolve_bf16(True, labeler.device.type) else [])
+        self.seconds = dict.fromkeys(self.modes, 0.0)
+        self.pairs, self._next = 0, 0
 
     def step(self) -> None:
-        """Time the next batch (cyclically); steps interleaved with the loop's batches see the same load."""
+        """Time the next batch (cyclically) in each mode; steps interleaved with the loop's batches see the same
+        load."""
         import torch
 
-        from effrag.hardware import resolve_bf16
-
         device = self.model.device
-        b = self.batches[self._next % len(self.batches)]
-        with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16,
-                                                     enabled=resolve_bf16(True, device.type)):
-            t0 = time.perf_counter()
-            self.model(**{k: v.to(device) for k, v in b.items()})
-            self.seconds += time.perf_counter() - t0
+        b = {k: v.to(device) for k, v in self.batches[self._next % len(self.batches)].items()}
+        with torch.inference_mode():
+            for mode in self.modes:
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=mode == "bf16"):
+                    t0 = time.perf_counter()
+                    self.model(**b)
+                    self.seconds[mode] += time.perf_counter() - t0
         self.pairs += len(b["input_ids"])
         self._next += 1
 
     def seconds_per_pair(self) -> float:
-        """Time per pair over whole cycles of the batches since the last call (so every length is counted)."""
+        """Time per pair, the faster mode's, over whole cycles of the batches since the last call (so every length
+        is counted)."""
         if not self.batches:
             return float("nan")
         while self._next % len(self.batches) or not self.pairs:
             self.step()
-        out = self.seconds / self.pairs
-        self.seconds, self.pairs = 0.0, 0
+        self.last_mode = min(self.modes, key=lambda m: self.seconds[m])
+        out = self.seconds[self.last_mode] / self.pairs
+        self.seconds, self.pairs = dict.fromkeys(self.modes, 0.0), 0
         return out
 
 
@@ -119,6 +145,7 @@ def measure(setup, labeler, filter_model, base_config, variants: dict[str, dict]
         pairs = labeler_pairs(results, setup.corpus, cfg.chunk_format)
         ids = [[c.id for c in r.chunks] for r in results]
         v["unit_s"] = unit.seconds_per_pair()
+        v["unit_mode"] = unit.last_mode
         if base_ids is None:  # the baseline: a plain forward over exactly the pairs it read
             base_ids = ids
             own = PlainForward(labeler, pairs)
@@ -149,3 +176,34 @@ def report(out: dict, base_recall: float) -> str:
     return md_table(["variant", "recall %", "Δ pts", "pairs/q", "read/q (Labeler / ranker / Filter)", "hops", "s/q", "q/s batched", "q/s single",
                      "retrieval s/q", "labeler s/q", "filter s/q", "other s/q", "unit ms/pair", "ratio",
                      "same pools"], rows, "lrrrrrrrrrrrrrrl")
+
+
+COST_OPTIONS = ("first_hop_k", "hop_k", "rescore_top", "max_hops", "labeler_top", "ranker_max_length",
+                "labeler_max_length", "int8")
+
+
+def cost_point(config: dict) -> dict:
+    """The options of a config that decide what the loop reads (its point on the cost curve)."""
+    return {k: config.get(k) for k in COST_OPTIONS if config.get(k) is not None}
+
+
+def cost_curve(rows: list[dict], *, k: int = 5, seed: int = 0, exclude=(), budgets=(7, 10),
+               shown=(5, 7, 10)) -> list[dict]:
+    """One dataset's Pareto rows: for each cost point of a tuning folder's rows, the cross-fitted recall at ``shown``
+    chunks of the best-recall rule restricted to that point's configs (the other options, e.g. the pool weights,
+    still chosen on the other folds), with the held-out questions' reads per model and :func:`read_cost`."""
+    import json
+
+    from .crossfit import crossfit
+
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(json.dumps(cost_point(r["config"]), sort_keys=True), []).append(r)
+    out = []
+    for key, members in groups.items():
+        res = crossfit({"d": members}, budgets, k=k, seed=seed, exclude=exclude)["datasets"]["d"]
+        at = {cap: rec for cap, rec, _ in res["curve"]}
+        point = json.loads(key)
+        out.append({"point": point, "recall": {c: at[c] for c in shown}, "reads": res["forwards"],
+                    "read_cost": read_cost(point, res["forwards"]), "n": res["n"], "configs": len(members)})
+    return sorted(out, key=lambda r: -r["read_cost"])

@@ -331,3 +331,24 @@ def test_from_pretrained_opens_a_system_over_a_corpus(tiny_efficientrag_dirs, tm
     assert other.config.max_candidates == 4  # loop-hotpotqa.json, with the retriever named here
     with pytest.raises(ValueError, match="needs a retriever, or a corpus"):
         EfficientRAG.from_pretrained(system)
+
+
+def test_ranker_max_length_cuts_only_the_rankers_input(models, retriever, hotpot):
+    """ranker_max_length: every hop-0 rank_score is the ranker's logit of the pair cut at that many sub-tokens;
+    the Labeler still reads its pairs whole (its kept words are unchanged)."""
+    from effrag.text import chunk_text, words
+
+    qs = [q.question for q in hotpot[:3]]
+    whole, _ = _loop(models, retriever, labeler_top=2)
+    cut, _ = _loop(models, retriever, labeler_top=2, ranker_max_length=24)
+    res_whole, res_cut = whole.run(qs), cut.run(qs)
+    lab, _, rank = models
+    for r, q in zip(res_cut, qs):
+        hop0 = r.hops[0]["chunks"]
+        texts = [words(chunk_text(c["title"], retriever.corpus[c["id"]].text, "title_text")) for c in hop0]
+        want = rank.predict([q] * len(hop0), texts, max_length=24)
+        assert [c["rank_score"] for c in hop0] == pytest.approx([round(w, 4) for w in want], abs=2e-4)
+        assert want != pytest.approx(rank.predict([q] * len(hop0), texts), abs=1e-3)  # the cut changed them
+    kept = lambda res: {c["id"]: c["kept"] for r in res for c in r.hops[0]["chunks"] if c["p_continue"] is not None}  # noqa: E731
+    shared = kept(res_cut).keys() & kept(res_whole).keys()
+    assert shared and all(kept(res_cut)[i] == kept(res_whole)[i] for i in shared)

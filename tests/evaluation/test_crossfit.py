@@ -93,3 +93,35 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="no config is shared"):
         choose({"d1": [_row("a", {q: [1] for q in IDS})], "d2": [_row("b", {q: [1] for q in IDS})]})
     assert config_key({"a": 1, "max_candidates": 3}) == config_key({"max_candidates": None, "a": 1})
+
+
+def test_the_cheapest_config_that_keeps_the_bar_on_the_choosing_questions_wins():
+    """--rule cheapest: among the configs whose recall reaches the strongest baseline's on the same questions
+    (+ margin), the one that reads least; the best recall when none does. Each fold's bar is its own questions'."""
+    fold = folds(IDS, 4)
+    cheap = _row("cheap", {q: [1] for q in IDS}, cost=(2, 5, 1))  # recall 0.5, 8.25 reads
+    dear = _row("dear", {q: [1, 2] for q in IDS}, cost=(4, 50, 1))  # recall 1.0, 54.25 reads
+    flaky = _row("flaky", {q: ([1] if fold[q] != 3 else []) for q in IDS}, cost=(1, 1, 0))  # 0 on fold 3
+    base = {q: 0.5 for q in IDS}
+    floors = {"d": {7: {"bm25": base, "dense": {q: 0.25 for q in IDS}}}}
+    assert choose({"d": [cheap, dear]}, budgets=[7])["config"]["name"] == "dear"  # the best-recall rule
+    assert choose({"d": [cheap, dear]}, budgets=[7], floors=floors)["config"]["name"] == "cheap"  # 0.5 >= 0.5
+    assert choose({"d": [cheap, dear]}, budgets=[7], floors=floors, margin=0.01)["config"]["name"] == "dear"
+    none = {"d": {7: {"bm25": {q: 1.0 for q in IDS}}}}  # no config keeps it: the best recall
+    assert choose({"d": [cheap, dear]}, budgets=[7], floors=none)["config"]["name"] == "dear"
+    # flaky is cheapest but misses the bar wherever fold 3 chooses: those folds take cheap, fold 3 takes flaky
+    res = crossfit({"d": [cheap, dear, flaky]}, budgets=[7], k=4, floors=floors)
+    by_fold = {f["fold"]: f["config"]["name"] for f in res["folds"]}
+    assert by_fold == {0: "cheap", 1: "cheap", 2: "cheap", 3: "flaky"}
+    assert res["datasets"]["d"]["recall"][7] == pytest.approx(15 * 0.5 / 20)  # held out, fold 3 scores 0: exposed
+    with pytest.raises(ValueError, match="no baseline recall for question"):
+        choose({"d": [cheap]}, budgets=[7], floors={"d": {7: {"bm25": {"q0": 1.0}}}})
+
+
+def test_read_cost_weighs_each_read_by_its_input_length():
+    from effrag.tuning.loop_cost import length_factor, read_cost
+
+    assert read_cost({}, [4, 30, 2]) == pytest.approx(34.5)
+    assert length_factor(None) == 1.0 and length_factor(512) == 1.0 and 0.6 < length_factor(128) < 0.75
+    assert read_cost({"ranker_max_length": 128}, [4, 30, 0]) == pytest.approx(4 + 30 * length_factor(128))
+    assert read_cost({"labeler_max_length": 96}, [4, 30, 0]) == pytest.approx(34 * length_factor(96))

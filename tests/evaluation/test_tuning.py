@@ -21,6 +21,14 @@ def test_parse_grid_products_and_types():
     assert parse_grid(["query_chunks=1,none", "int8=true,False"]) == [
         {"query_chunks": 1, "int8": True}, {"query_chunks": 1, "int8": False},
         {"query_chunks": None, "int8": True}, {"query_chunks": None, "int8": False}]
+    tied = parse_grid(["first_hop_k+hop_k=30+10,10+5", "max_hops=2,3"])  # moved together: 2 points, not 4
+    assert tied == [{"first_hop_k": 30, "hop_k": 10, "max_hops": 2}, {"first_hop_k": 30, "hop_k": 10, "max_hops": 3},
+                    {"first_hop_k": 10, "hop_k": 5, "max_hops": 2}, {"first_hop_k": 10, "hop_k": 5, "max_hops": 3}]
+    assert parse_grid(["max_hops+rank_query=3+info"]) == [{"max_hops": 3, "rank_query": "info"}]
+    for bad, msg in (("hop_k+hop_k=5+5", "expected NAME"), ("hop_k+max_hops=5", "1 parts for 2 names"),
+                     ("hop_k+max_hops=5+x", "bad value"), ("hopk+max_hops=5+2", "expected NAME")):
+        with pytest.raises(ValueError, match=msg):
+            parse_grid([bad])
     for bad, msg in (("hopk=5", "expected NAME"), ("hop_k=five", "bad value"), ("hop_k=", "no values"),
                      ("batch_size=8", "expected NAME"), ("hop_k=none", "bad value"), ("int8=yes", "bad value")):
         with pytest.raises(ValueError, match=msg):
@@ -46,6 +54,9 @@ def test_cached_model_and_retriever_call_once_per_input():
     assert cached.predict(["q1", "q2", "q1"], [["a"], ["b"], ["a"]]) == [2, 2, 2]
     assert cached.predict(["q1", "q3"], [["a"], ["c"]]) == [2, 2]
     assert m.calls == [(["q1", "q2"], [["a"], ["b"]]), (["q3"], [["c"]])]  # only new inputs reach the model
+    cached.predict(["q1"], [["a"]], max_length=128, batch_size=8)  # another input length: another output
+    cached.predict(["q1"], [["a"]], max_length=128, batch_size=64)  # the batch size changes nothing
+    assert m.calls[2:] == [(["q1"], [["a"]])]
     r = Counting()
     cr = CachedRetriever(r)
     cr.search(["a", "b"], 3)
@@ -357,3 +368,13 @@ def test_report_chooses_shipped_configs_and_cross_fits_them_against_three_retrie
     report = json.loads((out / "crossfit.json").read_text())
     assert set(report["direct_r"]["hotpotqa"]) == {"bm25", "dense", "hybrid"}
     assert "## Dev figures (cross-fitted)" in (system / "README.md").read_text()
+    assert "pair reads/q" in (out / "pareto.md").read_text() and report["pareto"]["hotpotqa"][0]["n"] == 8
+    # the cheapest config that keeps the bar, with a bar no config reaches: the best recall, as above
+    first = json.loads((system / "loop-hotpotqa.json").read_text())["config"]
+    proc = run_script("efficientrag_report", "--tune", f"hotpotqa={tune}", "--data", data, "--system", system,
+                      "--output", out, "--keep-sample", "--folds", "2", "--rule", "cheapest", "--margin", "101")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = json.loads((system / "loop-hotpotqa.json").read_text())
+    assert again["config"] == first
+    assert again["chosen_on"]["rule"].startswith("cheapest that keeps the bar") and "+ 101 points" in \
+        again["chosen_on"]["rule"]

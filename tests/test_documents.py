@@ -174,3 +174,19 @@ def test_retrieve_asks_the_method_for_its_system_by_capability_not_by_name(bm25_
     assert code == 0, err
     assert built[-1] == {"weights": "None/weights", "settings": None, "k": 3}
     assert get_pipeline_class(DEFAULT_METHOD).uses_system  # what runs when --method is not given
+
+
+def test_one_huge_line_without_sentence_ends_splits_in_one_pass():
+    """Issue #46, 2: a 16 MB line of words (a list or log file: no blank line, no full stop) took minutes, each cut
+    copying the rest of the line. Now every word is kept, in order, in passages of at most max_words."""
+    import time
+
+    from effrag.data.documents import split_passages
+
+    line = " ".join(f"w{i % 997}," for i in range(2_000_000))  # ~16 MB
+    t0 = time.perf_counter()
+    passages = split_passages(line, max_words=200)
+    seconds = time.perf_counter() - t0
+    assert len(passages) == 10_000 and all(len(p.split()) == 200 for p in passages)
+    assert " ".join(passages) == line
+    assert seconds < 30, f"{seconds:.1f} s: the split is no longer linear (the quadratic one took minutes)"

@@ -58,12 +58,13 @@ def _pieces(paragraph: str, max_words: int) -> list[str]:
     current: list[str] = []
     for sentence in _SENTENCE_END.split(paragraph):
         words = sentence.split()
-        while len(words) > max_words:  # a sentence longer than a passage: cut at the word limit
+        if len(words) > max_words:  # a sentence longer than a passage: cut at the word limit (one pass, linear)
             if current:
                 out.append(" ".join(current))
                 current = []
-            out.append(" ".join(words[:max_words]))
-            words = words[max_words:]
+            full = (len(words) - 1) // max_words * max_words  # what the old word-by-word cut moved to out
+            out += [" ".join(words[i: i + max_words]) for i in range(0, full, max_words)]
+            words = words[full:]
         if current and len(current) + len(words) > max_words:
             out.append(" ".join(current))
             current = []

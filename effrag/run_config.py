@@ -134,7 +134,11 @@ def _convert(action: argparse.Action, value: Any, where: str) -> Any:
         raise ValueError(f"{where}: expected one value, got {value!r}")
     out = []
     for item in items:
-        if action.type is not None and isinstance(item, (str, int, float)) and not isinstance(item, bool):
+        if isinstance(item, bool) or not isinstance(item, (str, int, float)) or \
+                (action.type in (None, str) and not isinstance(item, str)):  # `limit: true`, `questions: 5`
+            want = "a string" if action.type in (None, str) else f"a value for {action.metavar or action.dest}"
+            raise ValueError(f"{where}: expected {want}, got {item!r}")
+        if action.type is not None:
             try:
                 item = action.type(str(item))
             except (argparse.ArgumentTypeError, TypeError, ValueError) as e:

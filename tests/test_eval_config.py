@@ -74,6 +74,13 @@ def test_a_yaml_config_with_output_and_portable_paths(written, tmp_path, capsys)
     ("questions: <elsewhere>/dev.jsonl\n", "questions: cannot resolve '<elsewhere>/dev.jsonl'"),
     ("questions: no/such/dev.jsonl\n", "questions: cannot resolve 'no/such/dev.jsonl'"),
     ("- a list\n", "a run config is a mapping"),
+    # values of the wrong type (issue #46, 4): each was a traceback, or ran one question silently (limit: true)
+    ("questions: 5\n", "questions: expected a string, got 5"),
+    ("reader: 7\n", "reader: expected a string, got 7"),
+    ("dataset: 3\n", "dataset: expected a string, got 3"),
+    ("answer_aliases: 3\n", "answer_aliases: expected a string, got 3"),
+    ("llm: 7\n", "llm: expected a string, got 7"),
+    ("limit: true\n", "limit: expected a value for N, got True"),
 ])
 def test_a_bad_config_is_one_line_naming_file_and_key(text, key, tmp_path, capsys):
     cfg = tmp_path / "bad.yaml"

@@ -41,14 +41,15 @@ class SystemFiles:
 
 def system_root(model: str | Path) -> Path:
     """A system folder, or the folder of a shipped system named ``model``."""
-    from effrag.pretrained import NAMES, pretrained_path
+    from effrag.pretrained import NAMES, SHIPPABLE, pretrained_path
 
-    if str(model) in NAMES:
+    systems = [n for n in NAMES if SHIPPABLE[n].what == "EfficientRAG system"]
+    if str(model) in systems:
         return pretrained_path(str(model))
     root = Path(model)
     if not (root / "labeler").is_dir() or not (root / "filter").is_dir():
         raise FileNotFoundError(f"{root}: not an EfficientRAG system folder (needs labeler/ and filter/; shipped "
-                                f"systems: {', '.join(NAMES)})")
+                                f"systems: {', '.join(systems)})")
     return root
 
 

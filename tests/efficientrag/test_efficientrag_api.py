@@ -206,3 +206,13 @@ def test_effrag_eval_cli_runs_efficientrag(model_dirs, tmp_path):
         assert run["method_config"]["hop_k"] == hop_k
         rows = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
         assert all(len(r["retrieved"]) == hop_k for r in rows)
+
+
+def test_a_folder_that_is_not_a_system_names_only_shipped_systems(tmp_path):
+    """Issue #46, 11: the --model error listed reader-all (a reader) among the systems."""
+    from effrag.pipelines.efficientrag_system import system_root
+
+    with pytest.raises(FileNotFoundError, match=r"not an EfficientRAG system folder") as e:
+        system_root(tmp_path)
+    assert "efficientrag-all" in str(e.value) and "reader-all" not in str(e.value)
+    assert system_root("efficientrag-all").name == "efficientrag-all"

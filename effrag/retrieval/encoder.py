@@ -88,6 +88,7 @@ def check_encoder_weights(path: Path, verify: str | None = None) -> None:
                                  f"{store}); reinstall the package or re-download the model (if you replaced it on "
                                  "purpose, delete its entry there)")
     if changed:
+        records = {k: v for k, v in records.items() if Path(k).is_file()}  # folders since removed leave no record
         try:
             store.parent.mkdir(parents=True, exist_ok=True)
             tmp = store.with_suffix(f".{os.getpid()}.tmp")

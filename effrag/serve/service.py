@@ -55,6 +55,17 @@ def _load_errors(where: str, what: str):
         raise ValueError(f"{where}: cannot load {what}: {type(e).__name__}: {e}") from e
 
 
+def _warm_up(source, path, method: str) -> None:
+    """Answer one question before the service says it is ready: what loads lazily (a dense index's encoder, a
+    system's ranker) and what only a request exercises (a loop config needing a model the folder lacks) fails here,
+    as one start-up error, instead of failing every request after /ready (issue #46, 3)."""
+    try:
+        source.retrieve_batch(["warm-up question"])
+    except (ValueError, OSError) as e:
+        raise ValueError(f"{path}: the service cannot answer a question with method {method}: "
+                         f"{' '.join(str(e).split())}") from None
+
+
 def build_service(cfg: ServeConfig) -> Service:
     """Load the retriever, the method and the LLM named by ``cfg`` (slow: done once at startup)."""
     from effrag.integrations import ChunkSource
@@ -84,6 +95,8 @@ def build_service(cfg: ServeConfig) -> Service:
 
         generator = Generator(load_llm(cfg.llm.spec, **cfg.llm.options), dataset=cfg.llm.dataset,
                               context=cfg.llm.context, max_tokens=cfg.llm.max_tokens, max_chunks=cfg.llm.max_chunks)
+    with _load_errors(cfg.path, f"method {m.name} over {what}"):
+        _warm_up(source, cfg.path, m.name)
     info = {"method": m.name, "source": source.describe(), "retriever": getattr(retriever, "kind", cfg.retriever.kind),
             "corpus_size": len(corpus) if corpus is not None else None,
             "corpus_fingerprint": corpus.fingerprint() if corpus is not None else None,

@@ -45,6 +45,45 @@ def _loop_file(tmp_path, content) -> Path:
     return tmp_path / "loop.json"
 
 
+def _system_without_ranker(tmp_path) -> Path:
+    """A system folder whose loop.json orders the pool by a ranker it does not have."""
+    import shutil
+
+    from helpers import make_tiny_efficientrag
+
+    dirs = make_tiny_efficientrag(tmp_path / "models")
+    system = tmp_path / "system"
+    for name in ("labeler", "filter"):
+        shutil.copytree(dirs[name], system / name)
+    _loop_file(system, {"config": {"pool_order": "rank", "labeler_top": 2, "hop_k": 3, "max_hops": 2},
+                        "retriever": "bm25"})
+    return system
+
+
+def _dense_index_with_a_damaged_encoder(tmp_path) -> Path:
+    """A dense index of the bundled sample whose recorded encoder (a copy of MiniLM) was damaged after the build."""
+    import shutil
+
+    from effrag.retrieval import build_retriever
+    from effrag.retrieval.encoder import Encoder, default_encoder_path
+
+    enc = tmp_path / "encoder"
+    shutil.copytree(default_encoder_path(), enc)
+    corpus = build_corpus([QUESTIONS_FILE])
+    build_retriever("dense", corpus, encoder=Encoder(enc), show_progress=False).save(tmp_path / "dense-index")
+    size = (enc / "model.safetensors").stat().st_size
+    with open(enc / "model.safetensors", "r+b") as f:  # 4 KB of 0xff in the middle of the weights: NaN
+        f.seek(size // 2)
+        f.write(b"\xff" * 4096)
+    return tmp_path / "dense-index"
+
+
+def start_up_cases_named(tmp_path, case: str):
+    """The case at hand; a case that builds models or an index is a function, built only when it runs."""
+    found = start_up_cases(tmp_path)[case]
+    return found() if callable(found) else found
+
+
 def start_up_cases(tmp_path) -> dict:
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -61,14 +100,20 @@ def start_up_cases(tmp_path) -> dict:
             "name": "efficientrag", "labeler": str(empty), "filter": str(empty),
             "options": {"config": str(_loop_file(tmp_path, {"config": {"tag_threshold": 7.5}}))}}},
             [], f"{tmp_path / 'loop.json'}: config.tag_threshold must be a number from 0 to 1, got 7.5"),
+        # issue #46, 3: these reported ready, then failed every request
+        "system without its ranker": lambda: ({"retriever": {"sample": ["hotpotqa"], "kind": "bm25"}, "method": {
+            "name": "efficientrag", "model": str(_system_without_ranker(tmp_path))}}, [], "ranker"),
+        "dense encoder that cannot load": lambda: (
+            {"retriever": {"index": str(_dense_index_with_a_damaged_encoder(tmp_path))}}, [],
+            "encoder/model.safetensors: the encoder's weights differ"),
         "port 99999": (bm25_config(), ["--port", "99999"], "--port: port must be an integer from 0 to 65535"),
         "bad host": (bm25_config(), ["--host", "256.0.0.1"], "cannot listen on 256.0.0.1"),
     }
 
 
 @pytest.mark.parametrize("case", ["sample typo", "sample escape", "bad index", "bad checkpoint",
-                                  "loop option wrong type", "loop file out of range", "port 99999", "bad host",
-                                  "port in use"])
+                                  "loop option wrong type", "loop file out of range", "system without its ranker",
+                                  "dense encoder that cannot load", "port 99999", "bad host", "port in use"])
 def test_start_up_errors_are_one_line(tmp_path, case):
     if case == "port in use":
         busy = socket.socket()
@@ -77,7 +122,7 @@ def test_start_up_errors_are_one_line(tmp_path, case):
         config, args, message = bm25_config(), ["--port", str(busy.getsockname()[1])], "Address already in use"
     else:
         busy = None
-        config, args, message = start_up_cases(tmp_path)[case]
+        config, args, message = start_up_cases_named(tmp_path, case)
     (tmp_path / "serve.yaml").write_text(yaml.safe_dump(config))
     try:
         out = subprocess.run([sys.executable, "-m", "effrag.serve", "--config", str(tmp_path / "serve.yaml"), *args],
@@ -86,7 +131,8 @@ def test_start_up_errors_are_one_line(tmp_path, case):
         if busy is not None:
             busy.close()
     assert out.returncode == 2, out.stderr
-    lines = out.stderr.strip().splitlines()
+    lines = [x for x in out.stderr.replace("\r", "\n").strip().splitlines()
+             if x.strip() and not x.startswith("Loading weights")]
     assert len(lines) == 1 and lines[0].startswith("effrag: error: ") and message in lines[0], out.stderr
 
 

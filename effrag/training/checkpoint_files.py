@@ -235,6 +235,10 @@ def read_checkpoint(ckpt: Path, accelerator, model, optimizer, scheduler) -> Non
         weights = load_file(str(ckpt / MODEL_FILE))
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{ckpt / MODEL_FILE}: cannot be read ({short_error(e)}); {REFUSED}") from None
+    bad = next((name for name, t in weights.items() if t.is_floating_point() and not bool(t.isfinite().all())), None)
+    if bad is not None:  # what from_pretrained refuses, resume refuses too (records can be rewritten with the file)
+        raise CheckpointError(f"{ckpt / MODEL_FILE}: tensor {bad} holds NaN/Inf values (a diverged run or a damaged "
+                              f"file); {REFUSED}")
     try:
         accelerator.unwrap_model(model).load_state_dict(weights)
         optimizer.load_state_dict(load_state_file(ckpt / OPTIMIZER_FILE))

@@ -103,6 +103,10 @@ def plan_start(cfg: Config, overwrite: bool = False) -> StartPlan:
         return StartPlan("resume", ckpt, check_checkpoint(ckpt))
     if (out_dir / RESULTS_NAME).is_file():
         changes = config_changes(out_dir, cfg)
+        if changes is None:
+            raise ConfigError(f"{out_dir / 'config.yaml'}: a finished run whose settings file is missing or unreadable: "
+                              "cannot tell whether it was trained with these settings; --overwrite retrains it, or "
+                              "choose another train.output_dir")
         if changes:
             raise ConfigError(f"{out_dir} is a finished run with other settings ({'; '.join(changes)}): nothing "
                               "trained; --overwrite retrains it with these settings, or choose another train.output_dir")
@@ -122,17 +126,18 @@ def plan_start(cfg: Config, overwrite: bool = False) -> StartPlan:
     return StartPlan("fresh")
 
 
-def config_changes(run_dir: Path, cfg: Config) -> list[str]:
+def config_changes(run_dir: Path, cfg: Config) -> list[str] | None:
     """Settings that differ between ``run_dir/config.yaml`` (a checkpoint's or a run's) and ``cfg``
-    (run-control keys aside)."""
+    (run-control keys aside); None when that file is missing or unreadable (nothing to compare: never "no
+    changes")."""
     import yaml
 
     try:
-        old = yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}
+        old = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return []
+        return None
     if not isinstance(old, dict):
-        return []
+        return None
     changes = []
     for section, values in cfg.to_dict().items():
         if not isinstance(values, dict):

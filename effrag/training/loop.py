@@ -128,6 +128,11 @@ def train(cfg: Config, overwrite: bool = False) -> dict:
     loss_n = 0
     resumed = None
     if ckpt is not None:
+        if not 0 <= ckpt_state["global_step"] <= total_steps:  # a hand-edited step would "finish" at once
+            from .checkpoint_files import REFUSED, STATE_NAME, CheckpointError
+
+            raise CheckpointError(f"{ckpt / STATE_NAME}: global_step {ckpt_state['global_step']} is outside this "
+                                  f"run's 0..{total_steps} steps; {REFUSED}")
         read_checkpoint(ckpt, accelerator, model, optimizer, scheduler)  # weights, optimizer, schedule, RNG
         state = {k: v for k, v in ckpt_state.items() if k not in ("format", "files")}
         accelerator.step = state.pop("accelerator_step", accelerator.step)  # where gradient accumulation stands
@@ -146,7 +151,10 @@ def train(cfg: Config, overwrite: bool = False) -> dict:
                           f"(epoch {state['epoch']}, batch {state['batch_in_epoch']}); log.jsonl cut to step "
                           f"{state['global_step']}" + ("" if tc.resume_from_checkpoint else "; --overwrite starts afresh"))
         changes = config_changes(ckpt, cfg)
-        if changes:
+        if changes is None:
+            accelerator.print(f"warning: {ckpt / 'config.yaml'} is missing or unreadable: this run's settings cannot "
+                              "be compared with the checkpoint's")
+        elif changes:
             accelerator.print("warning: this run's settings differ from the checkpoint's (the result will not "
                               "match an unbroken run): " + "; ".join(changes))
     elif mode == "overwrite":

@@ -203,3 +203,39 @@ def test_rerun_of_a_finished_run_with_other_settings_names_them(tiny, tmp_path, 
     assert (out / "results.json").read_text() == results
     rc, _, said = _rerun(cfg_file, capsys)  # the same settings: the finished run, exit 0
     assert rc == 0 and "is a finished run (step 2 of 2" in said
+    # issue #46, 10: the finished run's config.yaml missing or unreadable is not "no changes"
+    for damage in ("missing", "unreadable"):
+        if damage == "missing":
+            (out / "config.yaml").unlink()
+        else:
+            (out / "config.yaml").write_bytes(b"train: [unclosed\n\xff")
+        rc, err, _ = _rerun(cfg_file, capsys, "--train.lr", "1e-3")
+        assert rc == 2 and len(err) == 1 and f"{out / 'config.yaml'}: a finished run whose settings file is missing " \
+            "or unreadable" in err[0], err
+        assert (out / "results.json").read_text() == results
+
+
+# -- issue #46, 9: records rewritten with the damage, a hand-edited step ------------------------------------------
+@pytest.mark.parametrize("fault", ["nan weights, records rewritten", "global_step edited"])
+def test_resume_refuses_nan_weights_and_a_step_outside_the_run(tiny, tmp_path, monkeypatch, capsys, fault):
+    """The records can be rewritten along with the damage (a copy tool, a hand edit): the NaN/Inf check that
+    from_pretrained applies runs on resume too, and a global_step outside the run no longer "finishes" at once."""
+    from effrag.integrity import file_record
+
+    out = tmp_path / "run"
+    cfg_file = _killed_run(tiny, out, monkeypatch, kill_at=6, **KW)
+    ckpt = out / "checkpoints" / "step_0000004"
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    if fault.startswith("nan"):
+        _overwrite(ckpt / "model.safetensors")  # 0xff bytes: NaN as float32
+        state["files"]["model.safetensors"] = file_record(ckpt / "model.safetensors")
+        target, message = ckpt / "model.safetensors", "holds NaN/Inf values"
+    else:
+        state["global_step"] = 1_000_000_000
+        target, message = ckpt / "trainer_state.json", "global_step 1000000000 is outside this run's 0..12 steps"
+    (ckpt / "trainer_state.json").write_text(json.dumps(state))
+    rc, err, _ = _rerun(cfg_file, capsys)
+    err = [line for line in err if not line.startswith("Loading weights")]  # transformers' bar, before the check
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith(f"train.py: error: {target}: ") and message in err[0] and "--overwrite" in err[0]
+    assert not (out / "results.json").exists()

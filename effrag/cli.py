@@ -196,8 +196,9 @@ def _cmd_index_encode(args) -> None:
 def _cmd_index_build(args) -> None:
     import shutil
 
-    from effrag.setup import open_corpus, open_retriever
+    from effrag.retrieval import build_retriever
     from effrag.retrieval.meta import META, remove_index
+    from effrag.setup import open_corpus, retriever_options
 
     if args.backend == "milvus" and args.retriever != "dense":
         raise ValueError("--backend milvus holds a dense index: use --retriever dense")
@@ -209,10 +210,11 @@ def _cmd_index_build(args) -> None:
         remove_index(out)
     corpus = open_corpus(args.corpus, max_words=args.max_words)
     kind = "milvus" if args.backend == "milvus" else args.retriever
-    shards = {"cache_dir": out / "emb_shards"} if kind != "bm25" else {}  # a killed build resumes
-    retriever = open_retriever(kind, corpus, cache=False, encoder=args.encoder, bf16=args.bf16,
-                               index_type=args.index_type, bm25_article=args.bm25_article, **shards,
-                               **_scale_options(args))
+    # a killed build resumes from its shards: the dense encoder's store is the retriever's cache_dir option (not
+    # open_retriever's cache_dir, the index cache, which a build into --output does not use)
+    shards = {"cache_dir": out / "emb_shards"} if kind != "bm25" else {}
+    opts = {**retriever_options(kind, args.index_type, args.bm25_article), **shards, **_scale_options(args)}
+    retriever = build_retriever(kind, corpus, encoder_path=args.encoder, bf16=args.bf16, **opts)
     retriever.save(out)
     shutil.rmtree(out / "emb_shards", ignore_errors=True)
     print(f"wrote {kind} index of {len(corpus)} passages to {out}")

@@ -105,6 +105,32 @@ def test_a_killed_encode_resumes_at_the_last_finished_shard(tmp_path, corpus_fil
     assert (out / "index_meta.json").is_file() and not (out / "emb_shards").exists()
 
 
+@pytest.mark.slow
+def test_a_killed_index_build_resumes_from_its_finished_shards(tmp_path, corpus_file, corpus):
+    """Issue #46, 6: `effrag index build --retriever dense` killed for real after some shards resumes from them (it
+    used to encode in memory and start from zero). Proof of reuse: a finished shard is replaced by zeros of its shape
+    before the rerun, and the saved index holds those zeros."""
+    import faiss
+
+    out = tmp_path / "idx"
+    build = ["index", "build", "--corpus", str(corpus_file), "--retriever", "dense", "--output", str(out),
+             "--shard-size", str(SHARD)]
+    proc = _cli(*build)
+    deadline = time.time() + 120
+    while len(list((out / "emb_shards").glob("emb_*.npy"))) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    finished = sorted((out / "emb_shards").glob("emb_*.npy"))
+    assert 2 <= len(finished) < N_SHARDS, "the build was not killed mid-way"
+    np.save(finished[0], np.zeros((SHARD, 384), dtype=np.float32))
+    assert cli_main(build) == 0
+    assert (out / "index_meta.json").is_file() and not (out / "emb_shards").exists()
+    index = faiss.read_index(str(out / "index.faiss"))
+    assert index.ntotal == N_PASSAGES
+    assert not index.reconstruct(0).any() and index.reconstruct(SHARD).any()  # shard 0 reused, shard 1 real
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

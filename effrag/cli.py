@@ -285,6 +285,11 @@ def _cmd_eval(args) -> None:
         print(f"effrag: warning: {setup.missing_gold_warning()}", file=sys.stderr)
     questions, retriever, kind = setup.questions, setup.retriever, setup.kind
     method_opts = method_options(args)
+    tuned = cls.default_retriever(**method_opts)
+    if tuned and kind and {tuned, kind} != {"dense", "milvus"} and tuned != kind:  # milvus holds dense vectors
+        print(f"effrag: warning: the {args.method} loop config was tuned over a {tuned} retriever; this run uses "
+              f"{kind}{f' (index {args.index})' if args.index else ''}, whose candidates it was not tuned on",
+              file=sys.stderr)
     # --llm and the questions' dataset (few-shot prompts), as the method declares it uses them
     llm_opts = {key: v for key, v in llm_options(cls, args.llm, questions[0].dataset).items()
                 if key not in method_opts}

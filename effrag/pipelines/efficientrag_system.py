@@ -73,8 +73,9 @@ def config_retriever(config: str | Path | dict | None) -> str | None:
     """The retriever a loop config file (or its parsed JSON) was tuned for, if it records one."""
     if config is None:
         return None
+    where = "the loop config"
     if not isinstance(config, dict):
-        path = Path(config)
+        path = where = Path(config)
         try:
             config = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as e:
@@ -82,7 +83,13 @@ def config_retriever(config: str | Path | dict | None) -> str | None:
     if not isinstance(config, dict):
         return None
     kind = config.get("retriever") or (config.get("setup") or {}).get("retriever")
-    return str(kind) if kind else None
+    if not kind:
+        return None
+    from effrag.retrieval.index import KINDS
+
+    if kind not in KINDS:  # a typo here used to fall back silently to whatever index was given
+        raise ValueError(f"{where}: field 'retriever': unknown retriever {kind!r}; expected one of {', '.join(KINDS)}")
+    return str(kind)
 
 
 def open_system(model: str | Path = DEFAULT_SYSTEM, config: str | Path | None = None,
@@ -95,6 +102,13 @@ def open_system(model: str | Path = DEFAULT_SYSTEM, config: str | Path | None = 
         chosen = root / f"loop-{dataset}.json"
     if chosen is None and (root / GENERAL_CONFIG).is_file():
         chosen = root / GENERAL_CONFIG
+    if chosen is None:
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "%s has no %s%s: the loop runs on the library's default options, which no dev file chose (give "
+            "--er-config FILE, or train the system with scripts/train_efficientrag.sh)", root, GENERAL_CONFIG,
+            f" nor loop-{dataset}.json" if dataset else "")
     ranker = root / "ranker" if (root / "ranker").is_dir() else None
     return SystemFiles(root=root, labeler=root / "labeler", filter=root / "filter", ranker=ranker, config=chosen,
                        retriever=config_retriever(chosen))

@@ -1,0 +1,53 @@
+"""No silent fallback with ``--model DIR`` (issue #46, 7): a loop config naming an unknown retriever is refused in one
+line; a system without any loop config, and an index whose retriever is not the one the config was tuned over,
+are said on stderr. Real tiny models and BM25 / dense over the bundled sample."""
+from __future__ import annotations
+
+import json
+import shutil
+
+from helpers import run_cli
+
+from effrag.data import sample_path
+
+DEV = sample_path("hotpotqa", "dev")
+
+
+def _system(dirs, root, loop: dict | None):
+    for name in ("labeler", "filter"):
+        shutil.copytree(dirs[name], root / name)
+    if loop is not None:
+        (root / "loop.json").write_text(json.dumps(loop))
+    return root
+
+
+def _eval(system, tmp_path, capsys, *extra):
+    return run_cli(["eval", "--method", "efficientrag", "--model", system, "--questions", DEV, "--corpus-from", DEV,
+                    "--limit", "2", "--cache-dir", tmp_path / "idx", "--output", tmp_path / "out", *extra], capsys)
+
+
+def test_a_loop_config_naming_an_unknown_retriever_is_one_line(tiny_efficientrag_dirs, tmp_path, capsys):
+    system = _system(tiny_efficientrag_dirs, tmp_path / "sys", {"config": {"hop_k": 3, "max_hops": 2},
+                                                                 "retriever": "hybird"})
+    code, out, err = _eval(system, tmp_path, capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        f"effrag: error: {system / 'loop.json'}: field 'retriever': unknown retriever 'hybird'; expected one of "
+        "dense, bm25, hybrid, milvus"]
+
+
+def test_a_system_without_a_loop_config_says_it_runs_on_defaults(tiny_efficientrag_dirs, tmp_path, capsys, caplog):
+    system = _system(tiny_efficientrag_dirs, tmp_path / "sys", None)
+    code, _, _ = _eval(system, tmp_path, capsys, "--retriever", "bm25", "--max-hops", "2", "--hop-k", "3")
+    assert code == 0
+    assert any("has no loop.json" in r.getMessage() and "library's default options" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_a_retriever_other_than_the_tuned_one_is_said(tiny_efficientrag_dirs, tmp_path, capsys):
+    system = _system(tiny_efficientrag_dirs, tmp_path / "sys", {"config": {"hop_k": 3, "max_hops": 2},
+                                                                 "retriever": "hybrid"})
+    code, _, err = _eval(system, tmp_path, capsys, "--retriever", "bm25")
+    assert code == 0
+    assert "effrag: warning: the efficientrag loop config was tuned over a hybrid retriever; this run uses bm25" in err
+    code, _, err = _eval(system, tmp_path, capsys, "--overwrite")  # the tuned one: nothing to say
+    assert code == 0 and "was tuned over" not in err

@@ -20,6 +20,7 @@ import argparse
 import importlib
 import logging
 import os
+import errno
 import sys
 from pathlib import Path
 
@@ -386,6 +387,12 @@ def main(argv: list[str] | None = None, commands: tuple = ()) -> int:
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError,
             ValueError) as e:
         print(f"effrag: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as e:  # a full disk, an I/O error: one line naming the file (finished work stays resumable)
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        print(f"effrag: error: {where}{' '.join((e.strerror or str(e)).split())}"
+              + (" (the disk is full: free space and rerun the same command)" if e.errno == errno.ENOSPC else ""),
+              file=sys.stderr)
         return EXIT_USAGE
     except ImportError as e:  # an optional package the command needs (e.g. the llm extra)
         print(f"effrag: error: missing package: {' '.join(str(e).split())}", file=sys.stderr)

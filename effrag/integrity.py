@@ -35,9 +35,12 @@ safetensors or ``.npy`` header) are a :class:`CorruptFileError` naming the file.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import logging
 import os
+import shutil
 from pathlib import Path
 
 from .provenance import file_sha256
@@ -148,3 +151,25 @@ def short_error(e: BaseException, limit: int = 200) -> str:
         tail = text.split(" at ", 1)[-1]
         text = tail.split(": ", 1)[-1]
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@contextlib.contextmanager
+def writing(path: str | Path):
+    """A failed write of ``path`` (a full disk, numpy's or FAISS's short write, an I/O error) as one ``OSError``
+    naming the file, ``errno.ENOSPC`` when its filesystem has no space left: the command line says it in one line
+    (``effrag.cli``), and what was finished before stays (every long job resumes)."""
+    try:
+        yield
+    except (OSError, RuntimeError) as e:
+        if isinstance(e, OSError) and e.filename:
+            raise
+        if isinstance(e, RuntimeError) and "write" not in str(e).lower():  # FAISS: "... fwrite ... failed"
+            raise
+        folder = Path(path).parent
+        try:
+            full = shutil.disk_usage(folder).free == 0
+        except OSError:
+            full = False
+        code = errno.ENOSPC if full else (getattr(e, "errno", None) or errno.EIO)
+        raise OSError(code, "no space left on device" if full else short_error(e), str(path)) from None
+

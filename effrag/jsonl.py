@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from .integrity import writing
+
 FILES = ("labeler", "filter", "rejects")
 DONE = "done"
 
@@ -145,9 +147,10 @@ class ResumableWriter:
         data = "".join(_dumps(r) for r in records).encode("utf-8")
         if data:
             h = self._handles[name]
-            h.write(data)
-            h.flush()
-            os.fsync(h.fileno())
+            with writing(h.name):
+                h.write(data)
+                h.flush()
+                os.fsync(h.fileno())
         return len(data)
 
     def write_item(self, dataset: str, qid: str, *, labeler: list[dict] = (), filters: list[dict] = (),
@@ -243,9 +246,10 @@ class ResultLog:
             return
         if self._handle is None:
             self._handle = self.path.open("ab")
-        self._handle.write("".join(_dumps(r) for r in rows).encode("utf-8"))
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
+        with writing(self.path):
+            self._handle.write("".join(_dumps(r) for r in rows).encode("utf-8"))
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
         for r in rows:
             self.rows[self.key(r)] = r
 

@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .base import Hit
-from ..integrity import CorruptFileError, short_error
+from ..integrity import CorruptFileError, short_error, writing
 from .meta import REBUILD, files_under, read_meta, verify_index, write_meta
 
 
@@ -183,7 +183,8 @@ class BM25Retriever:
     def save(self, directory: str | Path, write_corpus: bool = True) -> Path:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        self._model.save(str(d / "bm25"), show_progress=False)
+        with writing(d / "bm25"):
+            self._model.save(str(d / "bm25"), show_progress=False)
         write_meta(d, self.kind, self.corpus, self.opts, write_corpus=write_corpus, files=files_under(d, "bm25"))
         return d
 

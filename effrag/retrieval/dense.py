@@ -13,7 +13,7 @@ from .base import Hit
 from .encoder import Encoder
 from .faiss_index import INDEX_TYPES, build_faiss_index, set_search_params, to_gpus
 from .shards import encode_to_store
-from ..integrity import CorruptFileError, short_error
+from ..integrity import CorruptFileError, short_error, writing
 from .meta import REBUILD, IndexMismatchError, read_meta, verify_index, write_meta
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,8 @@ class DenseRetriever:
 
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        faiss.write_index(self._cpu_index, str(d / "index.faiss"))
+        with writing(d / "index.faiss"):
+            faiss.write_index(self._cpu_index, str(d / "index.faiss"))
         write_meta(d, self.kind, self.corpus, self.opts, encoder=self.encoder, write_corpus=write_corpus,
                    files=["index.faiss"])
         return d

@@ -100,7 +100,10 @@ def _prepare(store: Path, key: dict, rank: int, world: int) -> None:
                 f.unlink(missing_ok=True)  # only the store's own files: never a folder the user pointed at
         store.mkdir(parents=True, exist_ok=True)
         tmp = meta.with_suffix(".tmp")
-        tmp.write_text(json.dumps(key))
+        from ..integrity import writing
+
+        with writing(tmp):
+            tmp.write_text(json.dumps(key))
         tmp.replace(meta)
     _barrier(world)
     if json.loads(meta.read_text()) != key:
@@ -117,6 +120,8 @@ def encode_shards(encoder, passages: list, store: str | Path, *, shard_size: int
     shard is on disk. Returns ``{"n_shards", "encoded": [i...], "reused": [i...]}`` for this process.
     """
     from tqdm.auto import tqdm
+
+    from ..integrity import writing
 
     if rank is None or world_size is None:
         rank, world_size = dist_info()
@@ -142,7 +147,8 @@ def encode_shards(encoder, passages: list, store: str | Path, *, shard_size: int
             continue
         emb = encoder.encode_passages(chunk, batch_size, progress=bar).astype(np.float32, copy=False)
         tmp = path.with_suffix(".tmp.npy")
-        np.save(tmp, emb)
+        with writing(tmp):
+            np.save(tmp, emb)
         tmp.replace(path)  # atomic: a half-written shard is never taken as finished
         stats["encoded"].append(i)
     bar.close()

@@ -36,10 +36,12 @@ DEFAULT_SYSTEM = "efficientrag-all"  # the shipped system, as a user runs it
 # among (effrag/configs/efficientrag_recipe.yaml), then single options
 VARIANTS = {
     "shipped": {},
-    "f30-h10-r20": {"first_hop_k": 30, "hop_k": 10, "rescore_top": 20},
-    "f15-h10-r20": {"first_hop_k": 15, "hop_k": 10, "rescore_top": 20},
-    "f15-h5-r10": {"first_hop_k": 15, "hop_k": 5, "rescore_top": 10},
-    "f10-h5-r5": {"first_hop_k": 10, "hop_k": 5, "rescore_top": 5},
+    "f30-h10-r20": {"first_hop_k": 30, "hop_k": 10, "rescore_top": 20, "ranker_max_length": None},
+    "f15-h10-r20": {"first_hop_k": 15, "hop_k": 10, "rescore_top": 20, "ranker_max_length": None},
+    "f15-h5-r10": {"first_hop_k": 15, "hop_k": 5, "rescore_top": 10, "ranker_max_length": None},
+    "f10-h5-r5": {"first_hop_k": 10, "hop_k": 5, "rescore_top": 5, "ranker_max_length": None},
+    "f15-h5-r10-ranker128": {"first_hop_k": 15, "hop_k": 5, "rescore_top": 10, "ranker_max_length": 128},
+    "f10-h5-r5-ranker128": {"first_hop_k": 10, "hop_k": 5, "rescore_top": 5, "ranker_max_length": 128},
     "ranker128": {"ranker_max_length": 128},
     "int8": {"int8": True},
     "batch64": {"batch_size": 64},
@@ -76,6 +78,8 @@ def main(argv=None) -> int:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--checkpoints", "--model", dest="checkpoints", default=DEFAULT_SYSTEM,
                    help="a system folder or shipped name (labeler/, filter/, [ranker/], loop-<dataset>.json)")
+    p.add_argument("--general", action="store_true", help="the system's general loop.json instead of its "
+                   "loop-<dataset>.json (what a corpus of your own gets)")
     p.add_argument("--output", default="reports/efficientrag/loop-cost")
     args = p.parse_args(argv)
     logging.getLogger("effrag.models").setLevel(logging.ERROR)
@@ -83,7 +87,7 @@ def main(argv=None) -> int:
 
     data = Path(args.data_dir) / args.dataset
     t0 = time.perf_counter()
-    system = open_system(args.checkpoints, dataset=args.dataset)
+    system = open_system(args.checkpoints, dataset=None if args.general else args.dataset)
     kind = system.retriever or "dense"  # the retriever the loop config was tuned over
     setup = RunSetup.build(data / "dev.jsonl", corpus_from=[data / "train.jsonl"], retriever=kind, bf16=True,
                            limit=args.limit)

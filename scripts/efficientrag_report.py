@@ -125,8 +125,7 @@ def pareto_table(tunes: dict, direct: dict, k: int, seed: int, skip) -> tuple[st
     """Each dataset's cost points (``effrag.tuning.loop_cost.cost_curve``): reads per model, the reading cost in
     trained-length pair reads, and the cross-fitted recall at 5 / 7 / 10 of the best-recall choice within that
     point, beside the strongest Direct-R@20 and @30."""
-    from effrag.tuning.loop_configs import read_rows
-    from effrag.tuning.loop_cost import cost_curve
+    from effrag.tuning.loop_configs import cost_curve, read_rows
 
     rows, data = [], {}
     for ds, folder in tunes.items():

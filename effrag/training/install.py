@@ -328,8 +328,11 @@ The loop runs over a **{kind}** retriever (the one its configs were tuned for, a
 ## Which questions chose what
 - The models: trained on the train files only; the ranker's installed checkpoint is the end of its schedule.
 - The loop configs: chosen on the dev files' questions, **except** the bundled sample's 30 per dataset (what
-  `effrag quickstart` shows), by the best mean recall with at most 7 and 10 chunks. The ranker's training-data
-  options and the grid were settled on the same dev files.
+  `effrag quickstart` shows), by the rule each file records under `chosen_on.rule` (since 2026-11-27: the config
+  that reads least among those whose recall with at most 7 and 10 chunks keeps the strongest Direct-R@20 and @30 of
+  the same questions + 1 point). The ranker's training-data options, the grid's fixed values and ranges, the loop
+  structures and the pool's link options (designed by reading HotpotQA dev pools, 2026-11-26) were settled on the
+  same dev files, bundled sample included: only the final pick among the grid's configs is cross-fitted.
 - The figures below are **cross-fitted**: each question is scored by the config chosen on the other folds (5
   folds), so no figure comes from the questions that chose it. The chosen configs' own in-sample recall is in
   each file (`in_sample_recall`) and is not a figure to quote.

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from .crossfit import choose, crossfit
+from .loop_cost import cost_point, read_cost
 
 
 def read_rows(folder: str | Path) -> list[dict]:
@@ -98,3 +99,23 @@ def _write(path: Path, pick: Mapping[str, Any], retriever: str, crossfitted: Map
         "in_sample_recall": {d: {str(b): round(v, 4) for b, v in r.items()} for d, r in pick["in_sample"].items()},
         "setup": setup,
     }, indent=2) + "\n")
+
+
+def cost_curve(rows: list[dict], *, k: int = 5, seed: int = 0, exclude=(), budgets=(7, 10),
+               shown=(5, 7, 10)) -> list[dict]:
+    """One dataset's Pareto rows: for each cost point of a tuning folder's rows, the cross-fitted recall at ``shown``
+    chunks of the best-recall rule restricted to that point's configs (the other options, e.g. the pool weights,
+    still chosen on the other folds), with the held-out questions' reads per model and :func:`read_cost`."""
+    import json
+
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(json.dumps(cost_point(r["config"]), sort_keys=True), []).append(r)
+    out = []
+    for key, members in groups.items():
+        res = crossfit({"d": members}, budgets, k=k, seed=seed, exclude=exclude)["datasets"]["d"]
+        at = {cap: rec for cap, rec, _ in res["curve"]}
+        point = json.loads(key)
+        out.append({"point": point, "recall": {c: at[c] for c in shown}, "reads": res["forwards"],
+                    "read_cost": read_cost(point, res["forwards"]), "n": res["n"], "configs": len(members)})
+    return sorted(out, key=lambda r: -r["read_cost"])

@@ -120,7 +120,7 @@ def test_the_recipe_grid_is_a_yaml_file_and_a_bad_one_names_its_item(tmp_path):
 
     items = read_grid_file(configs.path("efficientrag_recipe"))
     grid = parse_grid(items)
-    names = {item.split("=", 1)[0] for item in items}
+    names = {name for item in items for name in item.split("=", 1)[0].split("+")}  # tied items: each name
     # the pool-ranking loop the shipped configs come from, and the weights the tuner ranks one run under
     assert {"pool_order", "rank_query", "rescore_top", "retrieval_weight", "requery_weight", "labeler_top"} <= names
     assert all(c["pool_order"] == "rank" for c in grid) and len(grid) >= 2 * 2 * 2 * 3 * 3

@@ -154,7 +154,8 @@ def main(argv=None) -> int:
     p.add_argument("--rule", choices=("best", "cheapest"), default="best",
                    help="best: the best recall at the budgets; cheapest: the config that reads least while keeping the "
                         "bar (the strongest Direct-R at the budgets' targets on the same questions, + --margin)")
-    p.add_argument("--margin", type=float, default=1.0, help="--rule cheapest: points above the bar (default 1)")
+    p.add_argument("--margin", default="se", help="--rule cheapest: points above the bar, or se (default): one "
+                   "standard error of the per-question difference to the strongest Direct-R on the choosing questions")
     p.add_argument("--keep-sample", action="store_true", help="let the bundled sample's dev questions choose too")
     args = p.parse_args(argv)
     from effrag.tuning.loop_configs import write_loop_configs
@@ -169,11 +170,15 @@ def main(argv=None) -> int:
     args.output.mkdir(parents=True, exist_ok=True)
     system = args.system or args.output / "configs"
     system.mkdir(parents=True, exist_ok=True)
+    try:
+        margin = "se" if args.margin == "se" else float(args.margin) / 100
+    except ValueError:
+        p.error(f"--margin {args.margin!r}: expected a number of points or se")
     both = {ds: direct_r(args.data, ds, set(skip)) for ds in tunes}
     direct = {ds: d for ds, (d, _) in both.items()}
     floors = floors_of({ds: q for ds, (_, q) in both.items()}, args.budgets) if args.rule == "cheapest" else None
     report = write_loop_configs(tunes, system, budgets=args.budgets, k=args.folds, seed=args.seed, exclude=skip,
-                                floors=floors, margin=args.margin / 100)
+                                floors=floors, margin=margin)
     report["direct_r"] = {ds: {kd: {str(k): v for k, v in c.items()} for kd, c in d.items()} for ds, d in direct.items()}
     t2 = table2(report, direct, args.budgets)
     cv, plot = curve(report, direct)
@@ -181,7 +186,8 @@ def main(argv=None) -> int:
     how = (f"best mean recall at {' and '.join(map(str, args.budgets))} chunks" if args.rule == "best" else
            f"the config that reads least among those whose recall at {' and '.join(map(str, args.budgets))} chunks "
            f"keeps the strongest Direct-R@{' and @'.join(str(TARGETS[b]) for b in args.budgets if b in TARGETS)} of "
-           f"the same questions + {args.margin:g} points, else the best recall")
+           "the same questions + " + ("one standard error of the per-question difference" if margin == "se" else
+                                      f"{args.margin} points") + ", else the best recall")
     note = (f"Recall %. EfficientRAG figures are cross-fitted ({args.folds} folds, seed {args.seed}): each question "
             f"is scored by the config chosen on the other folds ({how}; loop.json: jointly over the datasets). "
             f"Questions: {who}. Retriever under the loop: {report['retriever']}.\n")

@@ -18,13 +18,25 @@ import sys
 from pathlib import Path
 
 
-def summarize(rows: list[dict], by: list[str], budgets: list[int], where: dict[str, str] | None = None) -> str:
+def _curve(row: dict, skip: set[str]) -> dict[int, float]:
+    """The row's recall at each cut, over its questions but ``skip`` (from its per-question gold positions)."""
+    if not skip:
+        return {int(k): rec for k, rec, _ in row.get("curve") or []}
+    if "per_question" not in row:
+        raise ValueError("--exclude-sample needs rows with per-question scores (rerun the grid)")
+    kept = [pq for pq in row["per_question"] if pq[0] not in skip]
+    return {c: sum((sum(1 for at in pq[2] if at <= c) / pq[1]) if pq[1] else 1.0 for pq in kept) / len(kept)
+            for c in range(1, 11)}
+
+
+def summarize(rows: list[dict], by: list[str], budgets: list[int], where: dict[str, str] | None = None,
+              skip: set[str] = frozenset()) -> str:
     groups: dict[tuple, dict] = {}
     for row in rows:
         cfg = row["config"]
         if any(str(cfg.get(k, "default")) != v for k, v in (where or {}).items()):
             continue
-        curve = {int(k): rec for k, rec, _ in row.get("curve") or []}
+        curve = _curve(row, skip)
         key = tuple(str(cfg.get(k, "default")) for k in by)
         g = groups.setdefault(key, {"best": {}, "last": None, "n": 0})
         g["n"] += 1
@@ -51,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budgets", default="7,10", help="chunk budgets (default 7,10); the last one picks the row "
                                                       "whose seen figures are shown")
     p.add_argument("--where", nargs="*", default=[], metavar="OPTION=VALUE", help="keep only these rows")
+    p.add_argument("--exclude-sample", action="store_true",
+                   help="score only the questions outside the bundled sample (the headline's questions)")
     args = p.parse_args(argv)
     path = args.folder / "results.jsonl" if args.folder.is_dir() else args.folder
     if not path.is_file():
@@ -72,7 +86,15 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
                 p.error(f"{path}:{n}: not JSON ({e.msg})")
-    print(summarize(rows, [b for b in args.by.split(",") if b], budgets, where))
+    skip: set[str] = set()
+    if args.exclude_sample:
+        from effrag.data import load_questions, sample_path
+
+        skip = {q.id for d in ("hotpotqa", "2wikimqa", "musique") for q in load_questions(sample_path(d, "dev"))}
+    try:
+        print(summarize(rows, [b for b in args.by.split(",") if b], budgets, where, skip))
+    except ValueError as e:
+        p.error(str(e))
     return 0
 
 

@@ -330,7 +330,7 @@ The loop runs over a **{kind}** retriever (the one its configs were tuned for, a
 - The loop configs: chosen on the dev files' questions, **except** the bundled sample's 30 per dataset (what
   `effrag quickstart` shows), by the rule each file records under `chosen_on.rule` (since 2026-11-27: the config
   that reads least among those whose recall with at most 7 and 10 chunks keeps the strongest Direct-R@20 and @30 of
-  the same questions + 1 point). The ranker's training-data options, the grid's fixed values and ranges, the loop
+  the same questions + one standard error of the per-question difference). The ranker's training-data options, the grid's fixed values and ranges, the loop
   structures and the pool's link options (designed by reading HotpotQA dev pools, 2026-11-26) were settled on the
   same dev files, bundled sample included: only the final pick among the grid's configs is cross-fitted.
 - The figures below are **cross-fitted**: each question is scored by the config chosen on the other folds (5

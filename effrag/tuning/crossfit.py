@@ -89,12 +89,14 @@ class Candidates:
 
 def _best(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]], budgets: Sequence[int],
           floors: Mapping[str, Mapping[int, Mapping[str, Mapping[str, float]]]] | None = None,
-          margin: float = 0.0) -> str:
+          margin: float | str = 0.0) -> str:
     """The config with the best recall averaged over ``budgets`` and datasets; fewer chunks, then the config's
     key, break ties (deterministic).
 
     With ``floors`` (the *cheapest-that-keeps-the-bar* rule): among the configs whose recall on the member
-    questions reaches, at every budget of every dataset, the floor on the same questions plus ``margin``, the one
+    questions reaches, at every budget of every dataset, the floor on the same questions plus ``margin`` (a recall
+    difference, or ``"se"``: one standard error of the per-question difference to that baseline, so that a small
+    or noisy dev file asks a wider margin than a large one), the one
     that reads least (:func:`effrag.tuning.loop_cost.read_cost`), best recall on a tie; when none does, the best
     recall as above. ``floors[dataset][budget]`` maps each baseline (a retriever kind) to its recall per question
     id; the floor is the strongest baseline's mean over the members, so a fold's bar is measured on that fold's
@@ -112,10 +114,19 @@ def _best(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]],
 
     pool = shared
     if floors is not None:
-        bar = {(d, b): floor(floors[d][b], [c.ids[i] for i in members[d]]) + margin for d, c in cands.items()
-               for b in budgets}
-        keeps = [key for key in shared if all(cands[d].mean(key, b, members[d])[0] >= bar[d, b] - 1e-12
-                                               for d in cands for b in budgets)]
+        def keeps_bar(key: str) -> bool:
+            for d, c in cands.items():
+                ids = [c.ids[i] for i in members[d]]
+                for b in budgets:
+                    mine = [c.scores[key][b][i][0] for i in members[d]]
+                    base = strongest(floors[d][b], ids)
+                    diff = [m - base[q] for m, q in zip(mine, ids)]
+                    need = standard_error(diff) if margin == "se" else float(margin)
+                    if sum(diff) / len(diff) < need - 1e-12:
+                        return False
+            return True
+
+        keeps = [key for key in shared if keeps_bar(key)]
         if keeps:
             cost = {key: round(sum(cands[d].read_cost(key, members[d]) for d in cands) / len(cands), 9)
                     for key in keeps}
@@ -129,19 +140,35 @@ def _best(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]],
     return best
 
 
-def floor(by_kind: Mapping[str, Mapping[str, float]], ids: Sequence[str]) -> float:
-    """The strongest baseline's mean recall over ``ids`` (``by_kind``: kind -> recall per question id)."""
+def strongest(by_kind: Mapping[str, Mapping[str, float]], ids: Sequence[str]) -> Mapping[str, float]:
+    """The per-question recall of the baseline with the best mean over ``ids`` (``by_kind``: kind -> recall per
+    question id)."""
     if not ids:
         raise ValueError("a floor over no questions")
     missing = [q for q in ids if any(q not in r for r in by_kind.values())]
     if missing:
         raise ValueError(f"no baseline recall for question {missing[0]!r}")
-    return max(sum(r[q] for q in ids) / len(ids) for r in by_kind.values())
+    return max(by_kind.values(), key=lambda r: sum(r[q] for q in ids))
+
+
+def floor(by_kind: Mapping[str, Mapping[str, float]], ids: Sequence[str]) -> float:
+    """The strongest baseline's mean recall over ``ids``."""
+    best = strongest(by_kind, ids)
+    return sum(best[q] for q in ids) / len(ids)
+
+
+def standard_error(values: Sequence[float]) -> float:
+    """The standard error of the mean of ``values`` (0 for fewer than two)."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return (sum((v - mean) ** 2 for v in values) / (n - 1) / n) ** 0.5
 
 
 def crossfit(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[int] = (7, 10), k: int = 5,
              seed: int = 0, caps: Sequence[int] = CAPS, exclude: Iterable[str] = (),
-             floors: Mapping | None = None, margin: float = 0.0) -> dict[str, Any]:
+             floors: Mapping | None = None, margin: float | str = 0.0) -> dict[str, Any]:
     """Cross-fitted recall of the tuning protocol at each budget, and the held-out curve of the chosen configs.
 
     ``rows_by_dataset``: one tuning folder's rows per dataset (one dataset = per-dataset configs; several =
@@ -181,7 +208,7 @@ def crossfit(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[in
 
 def choose(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[int] = (7, 10),
            caps: Sequence[int] = CAPS, exclude: Iterable[str] = (), floors: Mapping | None = None,
-           margin: float = 0.0) -> dict[str, Any]:
+           margin: float | str = 0.0) -> dict[str, Any]:
     """The config chosen on every question but ``exclude`` (to ship), with its in-sample recall (not held out)."""
     cands = {d: Candidates(rows, caps) for d, rows in rows_by_dataset.items()}
     skip = set(exclude)

@@ -52,7 +52,7 @@ def _describe(res: Mapping[str, Any], dataset: str) -> dict[str, Any]:
 
 def write_loop_configs(tunes: Mapping[str, str | Path], system: str | Path, *, budgets: Sequence[int] = (7, 10),
                        k: int = 5, seed: int = 0, exclude: Iterable[str] = (), floors: Mapping | None = None,
-                       margin: float = 0.0) -> dict[str, Any]:
+                       margin: float | str = 0.0) -> dict[str, Any]:
     """Choose and write ``loop-<dataset>.json`` and ``loop.json`` into ``system``; returns every figure.
 
     ``exclude``: question ids that choose nothing and are scored in no fold (the quickstart's bundled
@@ -91,7 +91,8 @@ def write_loop_configs(tunes: Mapping[str, str | Path], system: str | Path, *, b
 def _write(path: Path, pick: Mapping[str, Any], retriever: str, crossfitted: Mapping[str, Any], chosen_on: str,
            setup: Any, rule: tuple[str, float]) -> None:
     how = rule[0] if rule[0] == "best recall" else \
-        f"{rule[0]}: the strongest Direct-R's recall on the same questions + {100 * rule[1]:g} points"
+        f"{rule[0]}: the strongest Direct-R's recall on the same questions + " + (
+            "one standard error of the per-question difference" if rule[1] == "se" else f"{100 * rule[1]:g} points")
     path.write_text(json.dumps({
         "config": pick["config"], "retriever": retriever,
         "chosen_on": {"questions": chosen_on, "n": pick["chosen_on"], "rule": how},

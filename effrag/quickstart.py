@@ -320,7 +320,8 @@ def _report(rows: list[dict], summary: list[dict], wd: Path, console, what: str)
     title = f"EfficientRAG ({what}, over {kind}) vs the strongest Direct-R: recall %"
     caption = ("D-R = Direct-R, the best of BM25, dense and hybrid at that depth; ER = EfficientRAG with at most 7 / "
                "10 chunks (margin in points); read/q = Labeler + ranker forwards per question. These bundled dev "
-               "questions chose no setting of the shipped system.")
+               "questions chose none of the shipped loop configs' final picks; the grid's fixed values were settled "
+               "on dev files that hold them (effrag/pretrained/efficientrag-all/README.md).")
     table = Table(title=title, caption=caption, width=min(console.width, 100))
     for c in short:
         table.add_column(c, justify="left" if c == "dataset" else "right")

@@ -318,6 +318,16 @@ def test_summarize_tuning_groups_rows_and_takes_each_budgets_best(tmp_path):
                       "--budgets", "10")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[2:] == ["| 0.2 | 70.00 | 80.00 | 25.0 | 1 |", "| 0.3 | 68.00 | 90.00 | 24.0 | 1 |"]
+    # --exclude-sample: scored from the per-question gold positions, the bundled sample's questions left out
+    from effrag.data import load_questions, sample_path
+
+    inside = load_questions(sample_path("hotpotqa", "dev"))[0].id
+    row = {"config": {"max_hops": 1}, "curve": [[7, 0.5, 7]],
+           "per_question": [[inside, 2, [], 10, [0, 0, 0]], ["elsewhere", 2, [1, 8], 10, [0, 0, 0]]]}
+    (tmp_path / "results.jsonl").write_text(json.dumps(row) + "\n")
+    proc = run_script("summarize_tuning", tmp_path, "--by", "max_hops", "--budgets", "7,10", "--exclude-sample")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[2] == "| 1 | 50.00 | 100.00 |  |  | 1 |"
     (tmp_path / "results.jsonl").write_text("{not json\n")
     proc = run_script("summarize_tuning", tmp_path, "--by", "query_chunks")
     assert proc.returncode == 2 and "results.jsonl:1: not JSON" in proc.stderr

@@ -110,6 +110,9 @@ def load_causal_lm(path: str | os.PathLike, precision: str = "auto", device: str
     if path.is_file():
         folder = dequantized_folder(path)
     elif (path / "config.json").is_file():
+        from ..models.model_files import require_safetensors
+
+        require_safetensors(path, "LLM")
         folder = path
     else:
         raise FileNotFoundError(f"hf LLM: {path} is neither a .gguf file nor a model folder with config.json")

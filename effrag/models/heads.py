@@ -369,6 +369,9 @@ def _load_encoder(path: str, config, use_safetensors: bool | None = None):
     kwargs = {"attn_implementation": "sdpa"} if is_decoder_backbone(config) else {}
     if has_compact_encoder(path):  # a shipped checkpoint: int8 weights, dequantized to fp32
         return load_compact_encoder(path, config, **kwargs)
+    from .model_files import require_safetensors
+
+    require_safetensors(path, "encoder")  # model.name_or_path: a folder with only pytorch_model.bin is refused
     return AutoModel.from_pretrained(path, config=config, local_files_only=True, dtype=torch.float32,
                                      use_safetensors=use_safetensors, **kwargs)
 

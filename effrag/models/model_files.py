@@ -153,6 +153,23 @@ def check_config_fits_weights(path: Path, config, skip=(HEADS_NAME,)) -> None:
                                      f"is {list(shape)} there, {list(expected[name])} by config.json); {REDOWNLOAD}")
 
 
+PICKLE_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt")
+
+
+def require_safetensors(path: str | Path, what: str = "model") -> None:
+    """Refuse, before anything opens it, a model folder whose weights are only pickle-based files
+    (``pytorch_model.bin``, ``.pt``): effrag reads safetensors only (issue #46). One IntegrityError naming the file."""
+    from ..integrity import IntegrityError
+
+    path = Path(path)
+    if not path.is_dir() or any(path.glob("*.safetensors")) or any(path.glob("*.safetensors.index.json")):
+        return
+    pickles = sorted(f for f in path.iterdir() if f.suffix in PICKLE_WEIGHTS)
+    if pickles:
+        raise IntegrityError(f"{pickles[0]}: effrag loads {what} weights from safetensors files only (this folder has "
+                             f"no *.safetensors); convert it with save_pretrained(..., safe_serialization=True)")
+
+
 def unreadable_safetensors(path: Path) -> Path | None:
     """The first ``*.safetensors`` file in ``path`` whose header does not read back, if any."""
     from safetensors import SafetensorError, safe_open

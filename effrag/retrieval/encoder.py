@@ -56,14 +56,12 @@ def check_encoder_weights(path: Path, verify: str | None = None) -> None:
     present before the first use is caught by the NaN/Inf check on the loaded weights, not by the hash.
     """
     from ..integrity import CorruptFileError, IntegrityError, file_record, resolve_mode
-    from ..models.model_files import unreadable_safetensors
+    from ..models.model_files import require_safetensors, unreadable_safetensors
 
+    require_safetensors(path, "encoder")
     weights = sorted(path.glob("*.safetensors"))
     if not weights:
-        other = sorted(f for f in path.iterdir() if f.suffix in _WEIGHT_SUFFIXES)
-        raise IntegrityError(f"{other[0] if other else path}: effrag loads encoder weights from safetensors files "
-                             f"only ({'none' if not other else 'no *.safetensors'} in {path}); save the model with "
-                             "save_pretrained(..., safe_serialization=True)")
+        raise IntegrityError(f"{path}: no encoder weights (effrag loads *.safetensors files)")
     bad = unreadable_safetensors(path)
     if bad is not None:
         raise CorruptFileError(f"{bad}: the encoder's safetensors header does not read back (damaged or truncated); "

@@ -114,3 +114,25 @@ def test_cli_names_a_missing_tokenizer_in_one_line(tiny_efficientrag_dirs, tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err == [f"effrag: error: {lab}/tokenizer.json: file of the checkpoint is missing; "
                                  "re-download or re-train the checkpoint"]
+
+
+@pytest.mark.parametrize("loader", ["model.name_or_path", "--llm hf:DIR"])
+def test_a_folder_whose_only_weights_are_pytorch_model_bin_is_refused_before_it_is_opened(tmp_path, loader):
+    """Issue #46, 5: effrag reads safetensors only; a pickle-based weight file is refused in one line naming it, before
+    torch opens it (its restricted loader would not run code, but the rule is effrag's own)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from helpers import make_base
+
+    folder = Path(make_base("electra" if loader == "model.name_or_path" else "llama", tmp_path / "base"))
+    weights = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    torch.save(weights, folder / "pytorch_model.bin")
+    with pytest.raises(IntegrityError, match=r"pytorch_model\.bin: effrag loads .* weights from safetensors files only"):
+        if loader == "model.name_or_path":
+            LabelerModel.from_encoder(str(folder))
+        else:
+            from effrag.llm import load_llm
+
+            load_llm(f"hf:{folder}")

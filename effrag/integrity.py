@@ -173,3 +173,48 @@ def writing(path: str | Path):
         code = errno.ENOSPC if full else (getattr(e, "errno", None) or errno.EIO)
         raise OSError(code, "no space left on device" if full else short_error(e), str(path)) from None
 
+
+
+HASHES_FILE = "encoder-hashes.json"  # the name predates the LLM entries; kept so earlier records stay valid
+
+
+def first_use_records() -> Path:
+    """Where the sha256 of each weight file that carries no record of its own (an encoder folder, an LLM folder or
+    GGUF file) is kept from its first use: ``$EFFRAG_CACHE_DIR`` or ``~/.cache/effrag``, ``encoder-hashes.json``."""
+    return Path(os.environ.get("EFFRAG_CACHE_DIR", Path.home() / ".cache" / "effrag")) / HASHES_FILE
+
+
+def check_first_use(files, what: str, fix: str, verify: str | None = None) -> None:
+    """Refuse weight ``files`` that differ from what they were when effrag first read them: their full sha256 and
+    size are recorded on first use (:func:`first_use_records`) and compared on every later load (``EFFRAG_VERIFY``
+    ``off`` skips it); one :class:`IntegrityError` naming the file, what it is (``what``) and ``fix``. Damage present
+    before the first use is for the loader's own checks (NaN/Inf weights, headers) to catch."""
+    import json
+
+    if resolve_mode(verify) == "off":
+        return
+    store = first_use_records()
+    try:
+        records = json.loads(store.read_text()) if store.is_file() else {}
+    except (OSError, ValueError):
+        records = {}  # an unreadable record file is recorded anew: it only guards later loads
+    changed = False
+    for f in map(Path, files):
+        key = str(f.resolve())
+        now = file_record(f)
+        seen = records.get(key)
+        if seen is None:
+            records[key], changed = {"size": now["size"], "sha256": now["sha256"]}, True
+        elif (seen["size"], seen["sha256"]) != (now["size"], now["sha256"]):
+            raise IntegrityError(f"{f}: the {what}'s weights differ from what effrag read when it first used them "
+                                 f"({'size' if seen['size'] != now['size'] else 'sha256'} mismatch, recorded in "
+                                 f"{store}); {fix} (if you replaced it on purpose, delete its entry there)")
+    if changed:
+        records = {k: v for k, v in records.items() if Path(k).is_file()}  # files since removed leave no record
+        try:
+            store.parent.mkdir(parents=True, exist_ok=True)
+            tmp = store.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(records, indent=1, sort_keys=True))
+            tmp.replace(store)
+        except OSError:
+            pass  # a read-only cache: nothing recorded, later loads rely on the loader's own checks

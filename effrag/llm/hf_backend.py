@@ -116,6 +116,12 @@ def load_causal_lm(path: str | os.PathLike, precision: str = "auto", device: str
         folder = path
     else:
         raise FileNotFoundError(f"hf LLM: {path} is neither a .gguf file nor a model folder with config.json")
+    from ..integrity import check_first_use
+    from ..models.model_files import check_finite
+
+    # a model folder carries no hash of its own: damage after effrag's first read of it is refused in one line
+    check_first_use(sorted(folder.glob("*.safetensors")), "LLM", "re-download the model (or delete the dequantized "
+                    "folder, which effrag makes again from the GGUF)")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -128,6 +134,7 @@ def load_causal_lm(path: str | os.PathLike, precision: str = "auto", device: str
                                   f"({' '.join(str(e).split())[:300]})") from e
     finally:
         hf_logging.enable_progress_bar()
+    check_finite(model, folder)  # damage that the first use already saw: NaN/Inf weights, refused before any answer
     model = model.to(device).eval()
     if prec == "int8":
         model = quantize_int8(model)

@@ -36,26 +36,17 @@ def _file_sha1(path: Path) -> str:
     return hashlib.sha1(path.read_bytes()).hexdigest()
 
 
-HASHES_FILE = "encoder-hashes.json"
-
-
-def _hash_records() -> Path:
-    """Where the sha256 of each encoder weight file is kept from its first use: ``$EFFRAG_CACHE_DIR`` or
-    ``~/.cache/effrag``, ``encoder-hashes.json``."""
-    return Path(os.environ.get("EFFRAG_CACHE_DIR", Path.home() / ".cache" / "effrag")) / HASHES_FILE
-
-
 def check_encoder_weights(path: Path, verify: str | None = None) -> None:
     """Refuse an encoder folder whose weights are not safetensors, do not read back, or differ from what they were
     when effrag first used them; one :class:`~effrag.integrity.IntegrityError` naming the file.
 
     An encoder folder (a package's, or a Hugging Face folder of the user's) carries no record of its own, so the
-    full sha256 and size of each ``*.safetensors`` file are recorded on first use (:func:`_hash_records`) and
+    full sha256 and size of each ``*.safetensors`` file are recorded on first use (:func:`effrag.integrity.check_first_use`) and
     compared on every later load (``EFFRAG_VERIFY``: ``cheap``, the default, and ``full`` compare the full hash,
     ``off`` skips it). That costs one read of the weights per process: about 0.1 s for MiniLM-L6's 90 MB. Damage
     present before the first use is caught by the NaN/Inf check on the loaded weights, not by the hash.
     """
-    from ..integrity import CorruptFileError, IntegrityError, file_record, resolve_mode
+    from ..integrity import CorruptFileError, IntegrityError, check_first_use
     from ..models.model_files import require_safetensors, unreadable_safetensors
 
     require_safetensors(path, "encoder")
@@ -66,34 +57,7 @@ def check_encoder_weights(path: Path, verify: str | None = None) -> None:
     if bad is not None:
         raise CorruptFileError(f"{bad}: the encoder's safetensors header does not read back (damaged or truncated); "
                                "reinstall the package or re-download the model")
-    if resolve_mode(verify) == "off":
-        return
-    store = _hash_records()
-    try:
-        records = json.loads(store.read_text()) if store.is_file() else {}
-    except (OSError, ValueError):
-        records = {}  # an unreadable record file is recorded anew: it only guards later loads
-    changed = False
-    for f in weights:
-        key = str(f.resolve())
-        now = file_record(f)
-        seen = records.get(key)
-        if seen is None:
-            records[key], changed = {"size": now["size"], "sha256": now["sha256"]}, True
-        elif (seen["size"], seen["sha256"]) != (now["size"], now["sha256"]):
-            raise IntegrityError(f"{f}: the encoder's weights differ from what effrag read when it first used them "
-                                 f"({'size' if seen['size'] != now['size'] else 'sha256'} mismatch, recorded in "
-                                 f"{store}); reinstall the package or re-download the model (if you replaced it on "
-                                 "purpose, delete its entry there)")
-    if changed:
-        records = {k: v for k, v in records.items() if Path(k).is_file()}  # folders since removed leave no record
-        try:
-            store.parent.mkdir(parents=True, exist_ok=True)
-            tmp = store.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(records, indent=1, sort_keys=True))
-            tmp.replace(store)
-        except OSError:
-            pass  # a read-only cache: nothing recorded, every load checks headers and NaN/Inf only
+    check_first_use(weights, "encoder", "reinstall the package or re-download the model", verify)
 
 
 class Encoder:

@@ -150,3 +150,53 @@ def test_the_bundled_smollm2_gguf_answers_through_transformers(tmp_path, monkeyp
             "type": "object", "properties": {"colour": {"type": "string", "maxLength": 12}}, "required": ["colour"]})
         assert isinstance(json.loads(c[0].text)["colour"], str)
     assert (tmp_path / "llm-models").is_dir()  # the dequantized copy, reused by the next load
+
+
+def _damage(path, offset_fraction=0.6, size=4096):
+    """4 KB of 0xff written into a file's data (a real bit-rot or a bad copy)."""
+    data = bytearray(path.read_bytes())
+    at = int(len(data) * offset_fraction)
+    data[at:at + size] = b"\xff" * size
+    path.write_bytes(bytes(data))
+
+
+def test_an_llm_folder_damaged_after_first_use_or_holding_nan_is_refused_in_one_line(tiny_lm, tmp_path, monkeypatch):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from effrag.integrity import IntegrityError, NonFiniteWeightsError
+
+    monkeypatch.setenv("EFFRAG_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "lm"
+    shutil.copytree(tiny_lm, folder)
+    load_causal_lm(folder, "fp32", "cpu")  # first use: its weights' hash is recorded
+    _damage(folder / "model.safetensors")
+    with pytest.raises(IntegrityError, match=r"model.safetensors: the LLM's weights differ from what effrag read"):
+        load_causal_lm(folder, "fp32", "cpu")
+    # damage before the first use: a NaN in a weight, caught once loaded, before any answer
+    nan = tmp_path / "nan"
+    shutil.copytree(tiny_lm, nan)
+    state = load_file(str(nan / "model.safetensors"))
+    name = next(k for k in state if k.endswith("mlp.up_proj.weight"))
+    state[name][0, 0] = float("nan")
+    save_file(state, str(nan / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(NonFiniteWeightsError, match=r"up_proj.weight holds 1 NaN/Inf"):
+        load_llm(f"hf:{nan}", cache=False)
+
+
+def test_a_gguf_damaged_after_first_use_is_refused_before_llama_cpp_reads_it(tmp_path, monkeypatch):
+    import shutil
+
+    from effrag.integrity import IntegrityError
+    from effrag.llm.gguf import check_gguf_file, default_gguf_path
+
+    monkeypatch.setenv("EFFRAG_CACHE_DIR", str(tmp_path / "cache"))
+    gguf = tmp_path / "model.gguf"
+    shutil.copy(default_gguf_path(), gguf)
+    assert check_gguf_file(gguf) == gguf and check_gguf_file(gguf) == gguf  # recorded, then unchanged
+    _damage(gguf)
+    with pytest.raises(IntegrityError, match=r"model.gguf: the GGUF model's weights differ .*sha256 mismatch"):
+        check_gguf_file(gguf)
+    with pytest.raises(IntegrityError, match="GGUF model's weights differ"):
+        load_llm(f"gguf:{gguf}", cache=False)

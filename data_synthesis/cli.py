@@ -235,7 +235,48 @@ def run_ranker_data(args) -> dict:
     return info
 
 
-COMMANDS = (add_synthesize_parser, add_irrr_data_parser, add_filter_data_parser, add_ranker_data_parser)
+def add_ranker_teacher_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("ranker-teacher", help="a trained ranker's score of every candidate of ranker groups "
+                              "(soft targets to distill a smaller ranker)", description="``effrag ranker-teacher`` "
+                              "(data_synthesis/teacher_scores.py); a killed run resumes.")
+    p.add_argument("--data", required=True, metavar="DIR|FILE", help="`effrag ranker-data` output (DIR/ranker.jsonl)")
+    p.add_argument("--teacher", required=True, metavar="DIR", help="the trained ranker (a checkpoint folder)")
+    p.add_argument("--output", required=True, metavar="DIR", type=output_dir,
+                   help="writes DIR/ranker.jsonl (each candidate with 'teacher') and DIR/ranker_teacher.json")
+    p.add_argument("--max-length", type=positive_int, default=None, help="default: the teacher's own")
+    p.add_argument("--batch-size", type=positive_int, default=64)
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (where the CPU runs it natively)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=run_ranker_teacher)
+    return p
+
+
+def run_ranker_teacher(args) -> dict:
+    """Handler of ``effrag ranker-teacher``; a finished output with the same settings is reused."""
+    from effrag.models.model_files import fingerprint
+
+    from .teacher_scores import DONE_NAME, write_teacher_scores
+
+    done = Path(args.output) / DONE_NAME
+    if done.is_file() and (Path(args.output) / "ranker.jsonl").is_file():
+        info = json.loads(done.read_text())
+        src = Path(args.data) / "ranker.jsonl" if Path(args.data).is_dir() else Path(args.data)
+        same = (info.get("data") == str(args.data) and src.is_file() and info.get("data_bytes") == src.stat().st_size
+                and info.get("teacher_fingerprint") == fingerprint(args.teacher) and info.get("bf16") == args.bf16
+                and (args.max_length is None or info.get("max_length") == args.max_length))
+        if same:
+            if not args.quiet:
+                print(f"{args.output}: done ({info['groups']} groups), reused")
+            return info
+    info = write_teacher_scores(args.data, args.teacher, args.output, max_length=args.max_length,
+                                batch_size=args.batch_size, bf16=args.bf16, show_progress=not args.quiet)
+    if not args.quiet:
+        print(json.dumps({k: v for k, v in info.items() if k != "ranker_data"}, indent=2))
+    return info
+
+
+COMMANDS = (add_synthesize_parser, add_irrr_data_parser, add_filter_data_parser, add_ranker_data_parser,
+            add_ranker_teacher_parser)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     from effrag.cli import main as effrag_main
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    named = argv[:1] and argv[0] in ("synthesize", "irrr-data", "filter-data", "ranker-data")
+    named = argv[:1] and argv[0] in ("synthesize", "irrr-data", "filter-data", "ranker-data", "ranker-teacher")
     return effrag_main(argv if named else ["synthesize", *argv], commands=COMMANDS)
 
 

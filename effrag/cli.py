@@ -38,7 +38,7 @@ SUBCOMMANDS: list[str] = [
 COMMAND_GROUP = "effrag.commands"  # entry points of other packages' subcommands
 # the training-data commands the project's data_synthesis package registers in COMMAND_GROUP: named here only
 # to say how to get them when they are missing
-DATA_COMMANDS = ("synthesize", "irrr-data", "filter-data", "ranker-data")
+DATA_COMMANDS = ("synthesize", "irrr-data", "filter-data", "ranker-data", "ranker-teacher")
 EXIT_USAGE = 2
 
 

@@ -3,7 +3,8 @@
 # and the loop configs chosen on the dev files with cross-fitted figures.
 #   bash scripts/train_efficientrag.sh all           # the three train sets pooled -> checkpoints/efficientrag-all
 #   bash scripts/train_efficientrag.sh hotpotqa      # one train set -> checkpoints/efficientrag-hotpotqa
-# Writes the system folder checkpoints/efficientrag-<name>/: labeler/, filter/, ranker/ (model cards inside),
+# Writes the system folder checkpoints/efficientrag-<name>/: labeler/, filter/, ranker/ (the distilled one; its
+# teacher in ranker-teacher/; model cards inside),
 # loop-<dataset>.json for hotpotqa, 2wikimqa and musique (chosen on that dev file), loop.json (one config chosen
 # jointly on the three: the default for a corpus of your own) and README.md. Every loop config records the retriever
 # it was tuned for (RETRIEVER, default hybrid) and the cross-fitted recall of the protocol that chose it.
@@ -13,7 +14,10 @@
 #    are synthesised too (validation during training).
 # 2. Labeler and Filter training with configs/{labeler,filter}.yaml on every synthesised record.
 # 3. The pool ranker: `effrag ranker-data` (each gold chunk of the synthesised records against 7 hybrid negatives of
-#    the same query) and configs/ranker.yaml; the last checkpoint is installed (no dev question chooses it).
+#    the same query) and configs/ranker.yaml train the teacher (6 layers, installed as ranker-teacher/); `effrag
+#    ranker-teacher` scores its groups with it and configs/ranker_distilled.yaml trains the system's ranker/ from
+#    its first 2 layers on those scores (a third of the reading cost); the last checkpoints are installed (no dev
+#    question chooses them).
 # 4. scripts/tune_efficientrag.py on each dev file (the grid of effrag/configs/efficientrag_recipe.yaml, or TUNE_GRID,
 #    over RETRIEVER, every question's result kept),
 #    then scripts/efficientrag_report.py: per-dataset and joint configs chosen on the dev questions but the bundled
@@ -73,6 +77,10 @@ done
 # shellcheck disable=SC2086
 "$BIN/python" scripts/train_models.py --models ranker --name "$name" --ranker-data "runs/ranker/train_$ds" \
   --processes "${PROCESSES:-1}" ${LAUNCH:+--launch-args "$LAUNCH"} -- ${RANKER_ARGS:-}
+"$BIN/effrag" ranker-teacher --data "runs/ranker/train_$ds" --teacher "checkpoints/efficientrag-$name/ranker-teacher" \
+  --output "runs/ranker/train_${ds}_teacher" --bf16
+"$BIN/python" scripts/train_models.py --models ranker_distilled --name "$name" \
+  --teacher-data "runs/ranker/train_${ds}_teacher" --processes "${PROCESSES:-1}" ${LAUNCH:+--launch-args "$LAUNCH"}
 fi
 tunes=()
 for d in hotpotqa 2wikimqa musique; do  # every dev question's result is kept: the report cross-fits them

@@ -86,6 +86,8 @@ def main() -> int:
                    help="the run's checkpoint to install: best by the dev records' metric, or the end of the schedule "
                         "(default: best; last for the ranker)")
     p.add_argument("--ranker-data", metavar="DIR", help="`effrag ranker-data` output: the ranker trains on DIR/ranker.jsonl")
+    p.add_argument("--teacher-data", metavar="DIR", help="`effrag ranker-teacher` output: the distilled ranker "
+                   "(ranker_distilled) trains on DIR/ranker.jsonl, from the installed teacher")
     p.add_argument("--synth", metavar="DIR", help="synthesis output dir: Labeler/Filter train on DIR/<model>.jsonl")
     p.add_argument("--labeler-overrides", default="", metavar="ARGS",
                    help="overrides for the Labeler only, e.g. '--model.name_or_path smollm2 --train.lr 5e-5'")

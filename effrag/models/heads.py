@@ -128,6 +128,7 @@ class EncoderWithHeads(nn.Module):
         self.encoder = encoder
         self.tokenizer = tokenizer
         self.training_config: dict | None = None
+        self.base_encoder: str | None = None  # the packaged encoder alias it descends from (set by the builders)
         self._forward_keys = _accepted_inputs(encoder)
         self.bidirectional = is_decoder_backbone(encoder.config)  # a decoder LM: drop the causal mask
         if self.bidirectional:
@@ -188,7 +189,9 @@ class EncoderWithHeads(nn.Module):
         check_finite(encoder, path)
         if gradient_checkpointing:
             encoder.gradient_checkpointing_enable()
-        return cls(encoder, load_tokenizer(path), options)
+        model = cls(encoder, load_tokenizer(path), options)
+        model.base_encoder = name_or_path.lower() if name_or_path.lower() in ENCODER_ALIASES else None
+        return model
 
     @classmethod
     def from_pretrained(cls, path: str | Path, attention_dropout: float | None = None,
@@ -227,6 +230,7 @@ class EncoderWithHeads(nn.Module):
                                    f"{REDOWNLOAD}") from None
         model = cls(encoder, tokenizer, meta.get("options"))
         model.training_config = meta.get("training")
+        model.base_encoder = meta.get("base_encoder")
         try:
             heads = load_file(str(path / HEADS_NAME))
         except SafetensorError as e:
@@ -241,8 +245,19 @@ class EncoderWithHeads(nn.Module):
     def base_encoder_alias(self) -> str | None:
         """The packaged encoder (an :data:`ENCODER_ALIASES` name) this model was trained from, if it was: a compact
         copy stores the tensors training left unchanged (frozen ones) by reference to it."""
+        if self.base_encoder:  # recorded at save since 2026-11-27; a student started from a checkpoint inherits it
+            return self.base_encoder
         name = str(((self.training_config or {}).get("config") or {}).get("model", {}).get("name_or_path", ""))
         return name.lower() if name.lower() in ENCODER_ALIASES else None
+
+    def keep_first_layers(self, n: int) -> None:
+        """Cut the encoder to its first ``n`` transformer layers (a smaller, faster student: a 2-layer MiniLM reads a
+        pair in a third of the 6-layer time). The embeddings and heads are kept; training then adapts them."""
+        layers = _layer_list(self.encoder)
+        if not 1 <= n <= len(layers):
+            raise ValueError(f"num_layers must be between 1 and {len(layers)} (the encoder's layers), got {n}")
+        del layers[n:]
+        self.encoder.config.num_hidden_layers = n
 
     def save_pretrained(self, path: str | Path, state_dict: dict | None = None, training: dict | None = None,
                         compact: bool = False) -> None:
@@ -269,6 +284,10 @@ class EncoderWithHeads(nn.Module):
         tokenizer_files = self.tokenizer.save_pretrained(path)
         if training is not None:
             self.training_config = training
+        from ..provenance import portable
+
+        # a record that ships or is committed: paths relative to the repo or a named root, never this machine's
+        self.training_config = portable(self.training_config) if self.training_config is not None else None
         meta = {
             "format_version": FORMAT_VERSION,
             "model_type": self.model_type,
@@ -276,6 +295,7 @@ class EncoderWithHeads(nn.Module):
             "label_names": self.label_names,
             "max_length": self.max_length,
             "options": self.options,
+            "base_encoder": self.base_encoder_alias(),
             "training": self.training_config,
             "files": record_files(path, recorded_names(path, tokenizer_files)),
         }
@@ -385,6 +405,15 @@ def _set_dropout(config, attention: float | None, hidden: float | None) -> None:
             raise ValueError(f"{config.model_type} config has none of {names} to set dropout on")
         for n in hit:
             setattr(config, n, float(value))
+
+
+def _layer_list(encoder) -> nn.ModuleList:
+    """The encoder's stack of transformer layers: the ModuleList as long as ``config.num_hidden_layers``."""
+    n = getattr(encoder.config, "num_hidden_layers", None)
+    for module in encoder.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == n:
+            return module
+    raise ValueError(f"{encoder.config.model_type} encoder: no layer list of {n} layers found to cut")
 
 
 def _accepted_inputs(encoder) -> set[str]:

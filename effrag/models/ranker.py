@@ -9,6 +9,11 @@ The ranker is trained for exactly that: a softmax over one group of candidates p
 the gold against the chunks a hybrid retriever ranks highest for the same query, and the question's own
 distractor paragraphs (:mod:`data_synthesis.ranker_groups`).
 
+A smaller ranker can be distilled from a trained one (``distill_weight`` > 0): each candidate of a training group
+carries the teacher's logit (``effrag ranker-teacher``), and the loss mixes the listwise loss on the gold with the
+KL divergence from the teacher's softmax over the same group (Hinton et al.'s temperature-scaled soft targets), so
+the student learns the teacher's whole order, not only where the gold is.
+
 Its scores are log-odds on the model's own scale, so a loop config that weighs them does not depend on
 the retriever's score scale (``pool_order: rank``, :mod:`effrag.pipelines.efficientrag_config`).
 """
@@ -47,21 +52,49 @@ def listwise_loss(scores: torch.Tensor, group: torch.Tensor, label: torch.Tensor
     return torch.stack(losses).mean() if losses else scores.sum() * 0.0
 
 
+def distill_loss(scores: torch.Tensor, teacher: torch.Tensor, group: torch.Tensor,
+                 temperature: float = 1.0) -> torch.Tensor | None:
+    """Mean over groups of KL(teacher softmax || student softmax) at ``temperature``, times T^2 (so the gradient's
+    scale does not depend on T). Groups without finite teacher scores on every candidate (e.g. dev groups) are
+    skipped; None when no group has them."""
+    losses = []
+    for g in torch.unique(group):
+        m = group == g
+        t = teacher[m]
+        if len(t) < 2 or not torch.isfinite(t).all():
+            continue
+        p_t = (t / temperature).log_softmax(0)
+        p_s = (scores[m] / temperature).log_softmax(0)
+        losses.append((p_t.exp() * (p_t - p_s)).sum() * temperature ** 2)
+    return torch.stack(losses).mean() if losses else None
+
+
 class RankerModel(EncoderWithHeads):
     model_type = "ranker"
     label_names = {"rel": ["irrelevant", "relevant"]}
-    default_options = DEFAULT_OPTIONS  # the token options every model's training config passes are unused here
+    # the token options every model's training config passes are unused here; distill_weight: the share of the
+    # teacher's soft targets in the loss (0: the gold labels only), distill_temperature: their softmax temperature
+    default_options = {**DEFAULT_OPTIONS, "distill_weight": 0.0, "distill_temperature": 1.0}
 
     def build_heads(self, hidden: int, dropout: float) -> None:
         self.score_head = ChunkHead(hidden, dropout, n_labels=1)
 
     def forward(self, input_ids, attention_mask, token_type_ids=None, rank_group=None, rank_label=None,
-                labels=None) -> RankerOutput:
+                rank_teacher=None, labels=None) -> RankerOutput:
         hidden = self.encode_hidden(input_ids, attention_mask, token_type_ids)
         scores = self.score_head(hidden, attention_mask)[:, 0]
         out = RankerOutput(scores=scores)
         if rank_group is not None and rank_label is not None:
             out.loss = listwise_loss(scores.float(), rank_group, rank_label)
+            weight = float(self.options["distill_weight"])
+            if weight > 0 and rank_teacher is not None:
+                soft = distill_loss(scores.float(), rank_teacher.float(), rank_group,
+                                    float(self.options["distill_temperature"]))
+                if soft is not None:
+                    out.loss = (1 - weight) * out.loss + weight * soft
+                elif self.training:
+                    raise ValueError("distill_weight > 0 but no training group carries teacher scores on every "
+                                     "candidate: score the training file with `effrag ranker-teacher` first")
         return out
 
     def encode(self, query_words, chunk_words, max_length: int | None = None):

@@ -102,12 +102,16 @@ def _build_model(task: Task, cfg: Config):
                                                hidden_dropout=mc.hidden_dropout)
         model = task.model_cls(saved.encoder, saved.tokenizer, options)
         model.load_state_dict(saved.state_dict())
-        if mc.gradient_checkpointing:
-            model.encoder.gradient_checkpointing_enable()
-        return model
-    check_encoder(mc.name_or_path, "model")
-    return task.model_cls.from_encoder(mc.name_or_path, options, attention_dropout=mc.attention_dropout,
-                                       hidden_dropout=mc.hidden_dropout, gradient_checkpointing=mc.gradient_checkpointing)
+        model.base_encoder = saved.base_encoder_alias()
+    else:
+        check_encoder(mc.name_or_path, "model")
+        model = task.model_cls.from_encoder(mc.name_or_path, options, attention_dropout=mc.attention_dropout,
+                                            hidden_dropout=mc.hidden_dropout)
+    if mc.num_layers is not None:
+        model.keep_first_layers(mc.num_layers)
+    if mc.gradient_checkpointing:
+        model.encoder.gradient_checkpointing_enable()
+    return model
 
 
 def optimizer_groups(model, weight_decay: float) -> list[dict]:

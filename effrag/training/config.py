@@ -35,6 +35,8 @@ class ModelConfig:
     # encoder parameters (name prefixes, e.g. embeddings.word_embeddings) kept as the base encoder has them: a
     # shipped int8 copy then stores them by reference to the installed base (effrag.models.compact)
     freeze: list[str] = field(default_factory=list)
+    # keep only the encoder's first N layers (a smaller student, e.g. of a trained ranker given as name_or_path)
+    num_layers: int | None = None
     extra_options: dict = field(default_factory=dict)  # model-specific options of other tasks (e.g. IRRR)
 
 
@@ -177,6 +179,7 @@ def validate(cfg: Config, where: str = "config") -> None:
     m, d, t = cfg.model, cfg.data, cfg.train
     checks = [
         ("model.max_length", m.max_length, m.max_length > 0, "> 0"),
+        ("model.num_layers", m.num_layers, m.num_layers is None or m.num_layers > 0, "> 0 or null"),
         ("model.head_dropout", m.head_dropout, 0 <= m.head_dropout < 1, "in [0, 1)"),
         ("model.attention_dropout", m.attention_dropout, m.attention_dropout is None or 0 <= m.attention_dropout < 1, "in [0, 1)"),
         ("model.hidden_dropout", m.hidden_dropout, m.hidden_dropout is None or 0 <= m.hidden_dropout < 1, "in [0, 1)"),

@@ -4,7 +4,7 @@ trained system or checkpoint into the package as it ships (``effrag/pretrained/`
 
 ``scripts/train_models.py`` and ``scripts/export_pretrained.py`` are the command lines (the first also builds the
 IRRR and reader data, which come from ``data_synthesis``). The functions here take the first's parsed arguments as
-``recipe`` (``name``, ``synth``, ``ranker_data``, ``labeler_overrides``, ``launch_args``, ``processes``, ``paper``,
+``recipe`` (``name``, ``synth``, ``ranker_data``, ``teacher_data``, ``labeler_overrides``, ``launch_args``, ``processes``, ``paper``,
 ``install``, ``data``, ``datasets``). A card is committed and may ship, so it holds paths relative to the repo or the data root
 (:func:`effrag.provenance.portable_text`), never this machine's.
 """
@@ -51,12 +51,21 @@ MODELS = {
         "EfficientRAG Filter (token head)", "efficientrag-{name}/filter", TOKEN_KEYS + ["exact_match"],
         "best checkpoint; word level, positive class = keep", paper_config=True),
     "ranker": ModelSpec(
-        "EfficientRAG pool ranker (one relevance logit per (query, chunk), listwise over hard-negative groups)",
-        "efficientrag-{name}/ranker", ["top1", "mrr", "gold_in_top3", "rank_loss"],
+        "EfficientRAG pool ranker, the teacher (one relevance logit per (query, chunk), listwise over hard-negative "
+        "groups; 6 layers)", "efficientrag-{name}/ranker-teacher", ["top1", "mrr", "gold_in_top3", "rank_loss"],
         "last checkpoint (the end of the schedule: no dev question chooses it), on dev groups from `effrag "
         "ranker-data`; top1: a group's gold ranked first of 8; mrr: mean reciprocal rank of the gold",
         data_note="`effrag ranker-data`: each (query, gold chunk) of the synthesised Labeler records against 7 "
-                  "hybrid negatives of the same query (+ the question's own distractors), 2 groups per gold",
+                  "hybrid negatives of the same query (+ the question's own distractors)",
+        unit="groups", usage="the teacher of the system's `ranker/` (`configs/ranker_distilled.yaml`); a loop reads "
+        "with it when given as `--ranker {path}`", install="last"),
+    "ranker_distilled": ModelSpec(
+        "EfficientRAG pool ranker, distilled (the teacher's first 2 layers and head, trained at 128 sub-tokens on the "
+        "teacher's groups with its scores as soft targets: a read costs a third of the teacher's)",
+        "efficientrag-{name}/ranker", ["top1", "mrr", "gold_in_top3", "rank_loss"],
+        "last checkpoint (the end of the schedule: no dev question chooses it), on dev groups from `effrag "
+        "ranker-data`; top1: a group's gold ranked first of 8; mrr: mean reciprocal rank of the gold",
+        data_note="the teacher's training groups, each candidate with the teacher's logit (`effrag ranker-teacher`)",
         unit="groups", usage="the loop ranks its pool with it (`pool_order: rank`); a system folder's `ranker/`",
         install="last"),
     "irrr": ModelSpec(
@@ -106,6 +115,9 @@ def role_overrides(recipe, role: str, extra: list[str]) -> list[str]:
         out = ["--data.train_file", train, "--data.eval_files", ",".join(evals)]
     elif role == "ranker":
         out = ["--data.train_file", str(Path(recipe.ranker_data) / "ranker.jsonl")] if recipe.ranker_data else []
+    elif role == "ranker_distilled":  # the teacher's groups with its scores; the student starts from the teacher
+        out = ["--data.train_file", str(Path(recipe.teacher_data) / "ranker.jsonl")] if recipe.teacher_data else []
+        out += ["--model.name_or_path", "checkpoints/" + MODELS["ranker"].checkpoint.format(name=recipe.name)]
     else:
         out = ["--data.train_file", str(Path(recipe.synth) / f"{role}.jsonl")] if recipe.synth else []
     out += list(extra)

@@ -247,6 +247,14 @@ def test_recipe_passes_labeler_only_overrides(tmp_path):
     assert tm.role_overrides(args, "irrr", shared) == [
         "--data.train_file", "runs/irrr/train_all/irrr.jsonl", "--data.eval_files",
         "runs/irrr/dev_hotpotqa/irrr.jsonl,runs/irrr/dev_2wikimqa/irrr.jsonl,runs/irrr/dev_musique/irrr.jsonl", *shared]
+    # the distilled ranker: the teacher's scored groups, starting from the installed teacher; the system's ranker/
+    args.name, args.teacher_data = "all", "runs/ranker/train_all_teacher"
+    assert tm.role_overrides(args, "ranker_distilled", []) == [
+        "--data.train_file", "runs/ranker/train_all_teacher/ranker.jsonl",
+        "--model.name_or_path", "checkpoints/efficientrag-all/ranker-teacher"]
+    assert tm.MODELS["ranker_distilled"].checkpoint == "efficientrag-{name}/ranker"
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "ranker_distilled.yaml")
+    assert cfg.task == "ranker" and cfg.model.num_layers == 2 and cfg.model.extra_options["distill_weight"] > 0
 
 
 @pytest.mark.parametrize("override, message", [
@@ -256,6 +264,7 @@ def test_recipe_passes_labeler_only_overrides(tmp_path):
     (["--train.warmup_ratio", "1.5"], "train.warmup_ratio must be in"),
     (["--train.mixed_precision", "fp8"], "train.mixed_precision must be no, bf16 or fp16"),
     (["--model.max_length", "0"], "model.max_length must be > 0"),
+    (["--model.num_layers", "0"], "model.num_layers must be > 0 or null"),
 ])
 def test_config_values_that_cannot_train_are_one_line_errors(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):

@@ -8,6 +8,8 @@ its group's index (``rank_group``), as IRRR's steps are.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ...models.ranker import RankerModel
@@ -15,7 +17,7 @@ from ...models.tokenization import pad_batch
 from ...text import chunk_text, words_batch
 from .base import Task, ratio, register_task
 
-PAIR_KEYS = ("input_ids", "token_type_ids", "attention_mask", "rank_label")
+PAIR_KEYS = ("input_ids", "token_type_ids", "attention_mask", "rank_label", "rank_teacher")
 
 
 def check_ranker_record(rec: dict, loc: str) -> None:
@@ -34,11 +36,17 @@ def check_ranker_record(rec: dict, loc: str) -> None:
                 raise ValueError(f"{loc}: candidates[{i}] has no field {key!r}")
         if c["gold"] not in (0, 1, True, False):
             raise ValueError(f"{loc}: candidates[{i}].gold must be 0 or 1, got {c['gold']!r}")
+        teacher = c.get("teacher")
+        if teacher is not None and (isinstance(teacher, bool) or not isinstance(teacher, (int, float))
+                                    or not math.isfinite(teacher)):
+            raise ValueError(f"{loc}: candidates[{i}].teacher must be a finite number, got {teacher!r}")
     if not any(c["gold"] for c in rec["candidates"]):
         raise ValueError(f"{loc}: no candidate has gold 1")
 
 
 def featurize_ranker(model: RankerModel, records: list[dict], max_length: int) -> list[dict]:
+    """One feature per group; with ``distill_weight`` > 0 a train record must carry the teacher's score of every
+    candidate (``effrag ranker-teacher``); a candidate without one gets NaN, which the loss skips (dev groups)."""
     texts = [chunk_text(c["title"], c["text"]) for r in records for c in r["candidates"]]
     chunk_words = iter(words_batch(texts))
     query_words = words_batch([r["query"] for r in records])
@@ -47,7 +55,8 @@ def featurize_ranker(model: RankerModel, records: list[dict], max_length: int) -
         cands = r["candidates"]
         enc = model.encode([qw] * len(cands), [next(chunk_words) for _ in cands], max_length=max_length)
         seqs = [{"input_ids": e.input_ids, "token_type_ids": e.token_type_ids, "attention_mask": e.attention_mask,
-                 "rank_label": int(c["gold"])} for e, c in zip(enc, cands)]
+                 "rank_label": int(c["gold"]), "rank_teacher": float(c.get("teacher", math.nan))}
+                for e, c in zip(enc, cands)]
         feats.append({"seqs": seqs, "length": sum(len(s["input_ids"]) for s in seqs)})
     return feats
 

@@ -1,0 +1,129 @@
+"""A trained ranker's scores on ranker groups (``effrag ranker-teacher``): soft targets to distill a smaller ranker.
+
+Every candidate of every group of an ``effrag ranker-data`` file gets ``"teacher"``: the teacher's relevance logit
+of (query, candidate), read exactly as the loop reads it (``[CLS] query [SEP] title + text [SEP]`` at the teacher's
+own ``max_length`` unless told otherwise). A student trained with ``model.extra_options.distill_weight`` > 0
+(``configs/ranker_distilled.yaml``) then learns the teacher's whole order of each group, not only its gold.
+
+Scoring 40k pairs takes minutes on a CPU, so the output grows by whole records in ``ranker.jsonl.partial`` and a
+killed run resumes after the last complete line; the finished file is renamed into place with
+``ranker_teacher.json`` (settings, counts, the teacher's fingerprint), and a finished output with the same
+settings is reused.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from effrag.text import chunk_text, words_batch
+
+DONE_NAME = "ranker_teacher.json"
+
+
+def _read_records(path: Path) -> list[dict]:
+    records = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            if not isinstance(rec, dict) or not isinstance(rec.get("query"), str) \
+                    or not isinstance(rec.get("candidates"), list) or not rec["candidates"]:
+                raise ValueError(f"{path}:{n}: not a ranker group (needs 'query' and a non-empty 'candidates' list)")
+            for i, c in enumerate(rec["candidates"]):
+                if not isinstance(c, dict) or "text" not in c:
+                    raise ValueError(f"{path}:{n}: candidates[{i}] has no field 'text'")
+            records.append(rec)
+    return records
+
+
+def _complete_lines(path: Path) -> int:
+    """How many whole records a partial output holds; a torn last line (a kill mid-write) is cut off."""
+    if not path.is_file():
+        return 0
+    data = path.read_bytes()
+    keep = data[: data.rfind(b"\n") + 1] if b"\n" in data else b""
+    if len(keep) != len(data):
+        path.write_bytes(keep)
+    return keep.count(b"\n")
+
+
+def score_records(teacher, records: list[dict], max_length: int | None, batch_size: int, bf16: bool) -> list[dict]:
+    """``records`` with each candidate's ``teacher`` logit set."""
+    queries, chunks = [], []
+    texts = [chunk_text(c.get("title", ""), c["text"]) for r in records for c in r["candidates"]]
+    words = iter(words_batch(texts))
+    for r in records:
+        for _ in r["candidates"]:
+            queries.append(r["query"])
+            chunks.append(next(words))
+    scores = iter(teacher.predict(queries, chunks, batch_size=batch_size, max_length=max_length, bf16=bf16))
+    out = []
+    for r in records:
+        out.append({**r, "candidates": [{**c, "teacher": round(next(scores), 5)} for c in r["candidates"]]})
+    return out
+
+
+def write_teacher_scores(data: str | Path, teacher_dir: str | Path, output: str | Path, *, max_length: int | None = None,
+                         batch_size: int = 64, bf16: bool = False, records_per_step: int = 64,
+                         show_progress: bool = True) -> dict:
+    """Score ``data`` (a ranker.jsonl, or the folder holding one) with the ranker in ``teacher_dir`` into
+    ``output/ranker.jsonl``; resumes a killed run. Returns the info written to ``output/ranker_teacher.json``."""
+    from effrag.models import load_model
+    from effrag.models.model_files import fingerprint
+    from effrag.models.ranker import RankerModel
+
+    src = Path(data)
+    if src.is_dir():
+        src = src / "ranker.jsonl"
+    if not src.is_file():
+        raise FileNotFoundError(f"{src} not found (an `effrag ranker-data` output is needed)")
+    records = _read_records(src)
+    teacher = load_model(str(teacher_dir))
+    if not isinstance(teacher, RankerModel):
+        raise ValueError(f"{teacher_dir}: a {teacher.model_type} model, not a ranker")
+    teacher.eval()
+    from effrag.hardware import resolve_bf16
+
+    bf16 = resolve_bf16(bf16, teacher.device.type)  # asked for where the CPU has no native bf16: fp32, with a warning
+    out_dir = Path(output)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    partial = out_dir / "ranker.jsonl.partial"
+    settings = {"data": str(data), "data_bytes": src.stat().st_size, "teacher_fingerprint": fingerprint(teacher_dir),
+                "max_length": max_length or teacher.max_length, "bf16": bf16}
+    started = out_dir / "ranker_teacher.partial.json"
+    if partial.exists() and (not started.is_file() or json.loads(started.read_text()) != settings):
+        partial.unlink()  # begun with another teacher, data or length: its scores must not be mixed in
+    started.write_text(json.dumps(settings, indent=2) + "\n")
+    done = _complete_lines(partial)
+    if done > len(records):
+        raise ValueError(f"{partial} holds {done} records but {src} has {len(records)}: remove it and run again")
+    start = time.perf_counter()
+    bar = None
+    if show_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(records), initial=done, unit="group", desc="teacher scores")
+    with partial.open("a", encoding="utf-8") as f:
+        for i in range(done, len(records), records_per_step):
+            chunk = score_records(teacher, records[i:i + records_per_step], max_length, batch_size, bf16)
+            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in chunk))
+            f.flush()
+            if bar is not None:
+                bar.update(len(chunk))
+    if bar is not None:
+        bar.close()
+    partial.replace(out_dir / "ranker.jsonl")
+    started.unlink()
+    info = {**settings, "teacher": str(teacher_dir), "groups": len(records),
+            "pairs": sum(len(r["candidates"]) for r in records), "resumed_at": done,
+            "seconds": round(time.perf_counter() - start, 1)}
+    src_info = src.parent / "ranker_data.json"
+    if src_info.is_file():
+        info["ranker_data"] = json.loads(src_info.read_text())
+    (out_dir / DONE_NAME).write_text(json.dumps(info, indent=2) + "\n")
+    return info

@@ -11,13 +11,16 @@ pool positions), chooses the configs to ship (``effrag.tuning.loop_configs``: ``
   (<= 7 chunks >= the strongest Direct-R@20; <= 10 chunks >= the strongest Direct-R@30);
 * ``curve.md`` and ``recall_vs_chunks.png``: recall at 1..10 chunks, EfficientRAG's held-out curve against
   the strongest Direct-R's;
-* ``crossfit.json``: every figure, the configs each fold chose, and which questions chose what.
+* ``crossfit.json``: every figure, the configs each fold chose, and which questions chose what;
+* ``evidence/<dataset>.json.gz``: the per-question rows and Direct-R recalls all of it is computed from
+  (``effrag.tuning.evidence``), committed, so that ``--evidence DIR`` rebuilds every table from a fresh clone.
 
 The bundled sample's dev questions (the quickstart's) are left out of every choice and every figure here
 (``--keep-sample`` keeps them), so the quickstart shows questions that chose nothing.
 
     python scripts/efficientrag_report.py --tune hotpotqa=runs/tune/all-hotpotqa 2wikimqa=... musique=... \\
         --data ../shared/data --system checkpoints/efficientrag-all --output reports/efficientrag/dev
+    python scripts/efficientrag_report.py --evidence reports/efficientrag/crossfit/evidence --output /tmp/again
 """
 from __future__ import annotations
 
@@ -121,15 +124,15 @@ def curve(report: dict, direct: dict) -> tuple[str, list[dict]]:
     return md_table(["", *(str(k) for k in range(1, 11))], rows, "l" + "r" * 10), plot
 
 
-def pareto_table(tunes: dict, direct: dict, k: int, seed: int, skip) -> tuple[str, dict]:
+def pareto_table(tunes: dict, direct: dict, k: int, seed: int, skip, factors: dict) -> tuple[str, dict]:
     """Each dataset's cost points (``effrag.tuning.loop_cost.cost_curve``): reads per model, the reading cost in
     trained-length pair reads, and the cross-fitted recall at 5 / 7 / 10 of the best-recall choice within that
     point, beside the strongest Direct-R@20 and @30."""
-    from effrag.tuning.loop_configs import cost_curve, read_rows
+    from effrag.tuning.loop_configs import cost_curve
 
     rows, data = [], {}
-    for ds, folder in tunes.items():
-        curve = cost_curve(read_rows(folder), k=k, seed=seed, exclude=skip)
+    for ds, tuned in tunes.items():
+        curve = cost_curve(tuned, k=k, seed=seed, exclude=skip, ranker_factor=factors[ds])
         data[ds] = curve
         bars = {t: strongest(direct[ds], t) for t in TARGETS.values()}
         for c in curve:
@@ -144,7 +147,10 @@ def pareto_table(tunes: dict, direct: dict, k: int, seed: int, skip) -> tuple[st
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tune", nargs="+", required=True, metavar="DATASET=DIR")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--tune", nargs="+", metavar="DATASET=DIR", help="tuning folders (scripts/tune_efficientrag.py)")
+    src.add_argument("--evidence", type=Path, metavar="DIR", help="a report's evidence/ folder (<dataset>.json.gz): "
+                     "every table rebuilt from it alone, no data folder or tuning run needed")
     p.add_argument("--data", type=Path, default=Path("../shared/data"), help="<dataset>/{train,dev}.jsonl")
     p.add_argument("--system", type=Path, help="write loop-<dataset>.json and loop.json into this system folder")
     p.add_argument("--output", required=True, type=Path)
@@ -158,14 +164,22 @@ def main(argv=None) -> int:
                    "standard error of the per-question difference to the strongest Direct-R on the choosing questions")
     p.add_argument("--keep-sample", action="store_true", help="let the bundled sample's dev questions choose too")
     args = p.parse_args(argv)
-    from effrag.tuning.loop_configs import write_loop_configs
+    from effrag.tuning.evidence import read_evidence, write_evidence
+    from effrag.tuning.loop_configs import read_rows, setup_ranker_factor, write_loop_configs
 
-    tunes = {}
-    for item in args.tune:
+    tunes, evidence = {}, {}
+    if args.evidence:
+        files = sorted(args.evidence.glob("*.json.gz"))
+        if not files:
+            p.error(f"--evidence {args.evidence}: no <dataset>.json.gz files there")
+        for f in files:
+            evidence[f.name.removesuffix(".json.gz")] = read_evidence(f)
+        tunes = {ds: e["rows"] for ds, e in evidence.items()}
+    for item in args.tune or []:
         ds, sep, folder = item.partition("=")
         if not sep:
             p.error(f"--tune {item!r}: expected DATASET=DIR")
-        tunes[ds] = Path(folder)
+        tunes[ds] = read_rows(Path(folder))
     skip = [] if args.keep_sample else sample_ids(tunes)
     args.output.mkdir(parents=True, exist_ok=True)
     system = args.system or args.output / "configs"
@@ -174,11 +188,18 @@ def main(argv=None) -> int:
         margin = "se" if args.margin == "se" else float(args.margin) / 100
     except ValueError:
         p.error(f"--margin {args.margin!r}: expected a number of points or se")
-    both = {ds: direct_r(args.data, ds, set(skip)) for ds in tunes}
+    if evidence:
+        both = {ds: (e["direct_r"], e["direct_r_per_question"]) for ds, e in evidence.items()}
+        factors = {ds: e["ranker_factor"] for ds, e in evidence.items()}
+    else:
+        both = {ds: direct_r(args.data, ds, set(skip)) for ds in tunes}
+        factors = {ds: setup_ranker_factor(rows[0]["setup"]) for ds, rows in tunes.items()}
+        for ds, rows in tunes.items():
+            write_evidence(args.output / "evidence" / f"{ds}.json.gz", ds, rows, *both[ds], ranker_factor=factors[ds])
     direct = {ds: d for ds, (d, _) in both.items()}
     floors = floors_of({ds: q for ds, (_, q) in both.items()}, args.budgets) if args.rule == "cheapest" else None
     report = write_loop_configs(tunes, system, budgets=args.budgets, k=args.folds, seed=args.seed, exclude=skip,
-                                floors=floors, margin=margin)
+                                floors=floors, margin=margin, ranker_factors=factors)
     report["direct_r"] = {ds: {kd: {str(k): v for k, v in c.items()} for kd, c in d.items()} for ds, d in direct.items()}
     t2 = table2(report, direct, args.budgets)
     cv, plot = curve(report, direct)
@@ -194,12 +215,12 @@ def main(argv=None) -> int:
     (args.output / "table2.md").write_text(note + "\n" + t2)
     (args.output / "curve.md").write_text("Recall % at k chunks (cross-fitted), against the strongest Direct-R@k "
                                           "(its retriever in brackets)\n\n" + cv)
-    pt, report["pareto"] = pareto_table(tunes, direct, args.folds, args.seed, skip)
+    pt, report["pareto"] = pareto_table(tunes, direct, args.folds, args.seed, skip, factors)
     (args.output / "pareto.md").write_text(
         "Each cost point the tuning tried: what the loop read per question (held-out questions' mean) and recall % "
         f"cross-fitted within the point ({args.folds} folds, seed {args.seed}: its other options, e.g. the pool "
         "weights, chosen on the other folds by best recall at 7 and 10). *pair reads/q* weighs each read by its "
-        "input length (a Filter input is 0.25 of a pair); seconds are scripts/bench_loop_cost.py's.\n\n" + pt + "\n")
+        "input length (a Filter input is 0.25 of a pair) and a ranker read by the ranker's layers over the Labeler's; seconds are scripts/bench_loop_cost.py's.\n\n" + pt + "\n")
     (args.output / "crossfit.json").write_text(json.dumps(report, indent=1, default=str))
     try:
         from effrag.evaluation.plots import write_report_plot

@@ -49,8 +49,9 @@ def _cut(pq: list, cap: int) -> tuple[float, float]:
 class Candidates:
     """One dataset's configs (tuning rows), each scored at every cut of its pool on each question."""
 
-    def __init__(self, rows: Iterable[dict], caps: Sequence[int] = CAPS):
+    def __init__(self, rows: Iterable[dict], caps: Sequence[int] = CAPS, ranker_factor: float = 1.0):
         self.caps = list(caps)
+        self.ranker_factor = ranker_factor  # a ranker read's cost against a Labeler read (loop_cost.ranker_read_factor)
         self.rows: dict[str, dict] = {}
         for r in rows:
             if "per_question" not in r:
@@ -76,7 +77,7 @@ class Candidates:
         from .loop_cost import read_cost
 
         config = self.rows[key]["config"]
-        return sum(read_cost(config, self.cost[key][i]) for i in members) / len(members)
+        return sum(read_cost(config, self.cost[key][i], self.ranker_factor) for i in members) / len(members)
 
     def mean(self, key: str, cap: int, members: Sequence[int]) -> tuple[float, float]:
         s = self.scores[key][cap]
@@ -168,7 +169,8 @@ def standard_error(values: Sequence[float]) -> float:
 
 def crossfit(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[int] = (7, 10), k: int = 5,
              seed: int = 0, caps: Sequence[int] = CAPS, exclude: Iterable[str] = (),
-             floors: Mapping | None = None, margin: float | str = 0.0) -> dict[str, Any]:
+             floors: Mapping | None = None, margin: float | str = 0.0,
+             ranker_factors: Mapping[str, float] | None = None) -> dict[str, Any]:
     """Cross-fitted recall of the tuning protocol at each budget, and the held-out curve of the chosen configs.
 
     ``rows_by_dataset``: one tuning folder's rows per dataset (one dataset = per-dataset configs; several =
@@ -178,8 +180,9 @@ def crossfit(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[in
     each fold's config was chosen on the other folds (of every dataset). ``forwards`` is the held-out
     questions' mean reading cost, [Labeler pairs, ranker pairs, Filter inputs]. ``floors`` and ``margin``: the
     cheapest-that-keeps-the-bar rule of :func:`_best`, each fold's floors on its own choosing questions.
+    ``ranker_factors``: per dataset, a ranker read's cost against a Labeler read (default 1).
     """
-    cands = {d: Candidates(rows, caps) for d, rows in rows_by_dataset.items()}
+    cands = {d: Candidates(rows, caps, (ranker_factors or {}).get(d, 1.0)) for d, rows in rows_by_dataset.items()}
     skip = set(exclude)
     fold_of = {d: folds([q for q in c.ids if q not in skip], k, seed) for d, c in cands.items()}
     held: dict[str, dict[int, list[tuple[float, float]]]] = {d: {c: [] for c in caps} for d in cands}
@@ -208,9 +211,9 @@ def crossfit(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[in
 
 def choose(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[int] = (7, 10),
            caps: Sequence[int] = CAPS, exclude: Iterable[str] = (), floors: Mapping | None = None,
-           margin: float | str = 0.0) -> dict[str, Any]:
+           margin: float | str = 0.0, ranker_factors: Mapping[str, float] | None = None) -> dict[str, Any]:
     """The config chosen on every question but ``exclude`` (to ship), with its in-sample recall (not held out)."""
-    cands = {d: Candidates(rows, caps) for d, rows in rows_by_dataset.items()}
+    cands = {d: Candidates(rows, caps, (ranker_factors or {}).get(d, 1.0)) for d, rows in rows_by_dataset.items()}
     skip = set(exclude)
     members = {d: [i for i, q in enumerate(c.ids) if q not in skip] for d, c in cands.items()}
     key = _best(cands, members, budgets, floors, margin)

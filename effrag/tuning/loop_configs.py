@@ -50,17 +50,19 @@ def _describe(res: Mapping[str, Any], dataset: str) -> dict[str, Any]:
             "forwards": [round(x, 2) for x in d["forwards"]], "folds": res["k"], "seed": res["seed"]}
 
 
-def write_loop_configs(tunes: Mapping[str, str | Path], system: str | Path, *, budgets: Sequence[int] = (7, 10),
+def write_loop_configs(tunes: Mapping[str, str | Path | list], system: str | Path, *, budgets: Sequence[int] = (7, 10),
                        k: int = 5, seed: int = 0, exclude: Iterable[str] = (), floors: Mapping | None = None,
-                       margin: float | str = 0.0) -> dict[str, Any]:
+                       margin: float | str = 0.0, ranker_factors: Mapping[str, float] | None = None) -> dict[str, Any]:
     """Choose and write ``loop-<dataset>.json`` and ``loop.json`` into ``system``; returns every figure.
 
     ``exclude``: question ids that choose nothing and are scored in no fold (the quickstart's bundled
     questions, so that what it shows was never used to choose a setting). ``floors`` (dataset -> budget ->
     baseline -> recall per question id) and ``margin``: choose the cheapest config that keeps the bar
-    (:func:`.crossfit._best`) instead of the best recall.
+    (:func:`.crossfit._best`) instead of the best recall. ``tunes``: per dataset a tuning folder or its rows
+    (e.g. from :func:`.evidence.read_evidence`); ``ranker_factors``: per dataset, a ranker read against a Labeler
+    read (default: from the model folders the setups name).
     """
-    rows = {d: read_rows(f) for d, f in tunes.items()}
+    rows = {d: f if isinstance(f, list) else read_rows(f) for d, f in tunes.items()}
     skip = sorted(set(exclude))
     setups = {d: r[0]["setup"] for d, r in rows.items()}
     kinds = {s.get("retriever") for s in setups.values()}
@@ -70,7 +72,10 @@ def write_loop_configs(tunes: Mapping[str, str | Path], system: str | Path, *, b
     out = Path(system)
     report: dict[str, Any] = {"budgets": list(budgets), "k": k, "seed": seed, "retriever": retriever,
                               "excluded": len(skip), "per_dataset": {}, "general": {}}
-    rule = {"floors": floors, "margin": margin}
+    factors = dict(ranker_factors) if ranker_factors is not None else {d: setup_ranker_factor(s)
+                                                                         for d, s in setups.items()}
+    rule = {"floors": floors, "margin": margin, "ranker_factors": factors}
+    report["ranker_factors"] = factors
     report["rule"] = ("cheapest that keeps the bar" if floors is not None else "best recall", margin)
     for d, r in rows.items():
         own = {**rule, "floors": None if floors is None else {d: floors[d]}}
@@ -102,8 +107,18 @@ def _write(path: Path, pick: Mapping[str, Any], retriever: str, crossfitted: Map
     }, indent=2) + "\n")
 
 
+def setup_ranker_factor(setup: Mapping[str, Any]) -> float:
+    """A tuning folder's ranker read against its Labeler read (:func:`.loop_cost.ranker_read_factor`), from the
+    model folders its setup names; 1.0 when they are not at hand."""
+    from .loop_cost import ranker_read_factor
+
+    if not setup.get("ranker") or not setup.get("labeler"):
+        return 1.0
+    return ranker_read_factor(setup["ranker"], setup["labeler"])
+
+
 def cost_curve(rows: list[dict], *, k: int = 5, seed: int = 0, exclude=(), budgets=(7, 10),
-               shown=(5, 7, 10)) -> list[dict]:
+               shown=(5, 7, 10), ranker_factor: float = 1.0) -> list[dict]:
     """One dataset's Pareto rows: for each cost point of a tuning folder's rows, the cross-fitted recall at ``shown``
     chunks of the best-recall rule restricted to that point's configs (the other options, e.g. the pool weights,
     still chosen on the other folds), with the held-out questions' reads per model and :func:`read_cost`."""
@@ -114,9 +129,10 @@ def cost_curve(rows: list[dict], *, k: int = 5, seed: int = 0, exclude=(), budge
         groups.setdefault(json.dumps(cost_point(r["config"]), sort_keys=True), []).append(r)
     out = []
     for key, members in groups.items():
-        res = crossfit({"d": members}, budgets, k=k, seed=seed, exclude=exclude)["datasets"]["d"]
+        res = crossfit({"d": members}, budgets, k=k, seed=seed, exclude=exclude,
+                       ranker_factors={"d": ranker_factor})["datasets"]["d"]
         at = {cap: rec for cap, rec, _ in res["curve"]}
         point = json.loads(key)
         out.append({"point": point, "recall": {c: at[c] for c in shown}, "reads": res["forwards"],
-                    "read_cost": read_cost(point, res["forwards"]), "n": res["n"], "configs": len(members)})
+                    "read_cost": read_cost(point, res["forwards"], ranker_factor), "n": res["n"], "configs": len(members)})
     return sorted(out, key=lambda r: -r["read_cost"])

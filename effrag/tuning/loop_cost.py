@@ -23,13 +23,31 @@ def length_factor(max_length: int | None) -> float:
     return 1.0 if max_length is None else min(1.0, max_length / FULL_LENGTH_TOKENS)
 
 
-def read_cost(config: dict, forwards) -> float:
+def read_cost(config: dict, forwards, ranker_factor: float = 1.0) -> float:
     """One question's reading cost in trained-length pair reads: ``forwards`` = [Labeler pairs, ranker pairs,
-    Filter inputs] (:func:`effrag.tuning.efficientrag.forwards`), each pair weighed by its config's input length."""
+    Filter inputs] (:func:`effrag.tuning.efficientrag.forwards`), each pair weighed by its config's input length,
+    a ranker pair also by ``ranker_factor`` (:func:`ranker_read_factor`: 1/3 for a 2-layer ranker beside a 6-layer
+    Labeler)."""
     lab, rank, fil = forwards
     lab_len = config.get("labeler_max_length")
     rank_len = config.get("ranker_max_length") or lab_len
-    return lab * length_factor(lab_len) + rank * length_factor(rank_len) + fil * FILTER_READ
+    return lab * length_factor(lab_len) + rank * length_factor(rank_len) * ranker_factor + fil * FILTER_READ
+
+
+def ranker_read_factor(ranker_dir, labeler_dir) -> float:
+    """What one ranker read costs against one Labeler read of the same length: their encoders' layer ratio (same
+    width; the embeddings and the head are a few percent of a forward). 1.0 when either folder's config.json does
+    not say."""
+    import json
+    from pathlib import Path
+
+    layers = []
+    for d in (ranker_dir, labeler_dir):
+        try:
+            layers.append(int(json.loads((Path(d) / "config.json").read_text())["num_hidden_layers"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return 1.0
+    return layers[0] / layers[1]
 
 
 def labeler_pairs(results, corpus, chunk_format: str) -> list[tuple[str, str]]:

@@ -1,6 +1,8 @@
 """Cross-fitting (effrag.tuning.crossfit): no question is scored by a config chosen on it."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from effrag.tuning.crossfit import choose, config_key, crossfit, folds
@@ -125,3 +127,24 @@ def test_read_cost_weighs_each_read_by_its_input_length():
     assert length_factor(None) == 1.0 and length_factor(512) == 1.0 and 0.6 < length_factor(128) < 0.75
     assert read_cost({"ranker_max_length": 128}, [4, 30, 0]) == pytest.approx(4 + 30 * length_factor(128))
     assert read_cost({"labeler_max_length": 96}, [4, 30, 0]) == pytest.approx(34 * length_factor(96))
+
+
+def test_a_ranker_read_costs_its_layers_against_the_labelers(tmp_path):
+    """A 2-layer ranker beside a 6-layer Labeler: a third of a read; the cheapest rule then prefers reading more with
+    it over reading more with the Labeler."""
+    from effrag.tuning.loop_cost import ranker_read_factor, read_cost
+
+    for name, layers in (("ranker", 2), ("labeler", 6)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"num_hidden_layers": layers}))
+    factor = ranker_read_factor(tmp_path / "ranker", tmp_path / "labeler")
+    assert factor == pytest.approx(1 / 3)
+    assert ranker_read_factor(tmp_path / "ranker", tmp_path / "missing") == 1.0
+    assert read_cost({}, [4, 30, 0], factor) == pytest.approx(14.0)
+    # two configs with the same recall: 6 Labeler + 6 ranker reads (12, or 8 at a third) against 3 + 12 (15, or 7)
+    gold = {q: [1, 2] for q in IDS}
+    many_lab, many_rank = _row("many_lab", gold, cost=(6, 6, 0)), _row("many_rank", gold, cost=(3, 12, 0))
+    floors = {"d": {7: {"bm25": dict.fromkeys(IDS, 0.5)}}}
+    six = choose({"d": [many_lab, many_rank]}, budgets=[7], floors=floors)
+    two = choose({"d": [many_lab, many_rank]}, budgets=[7], floors=floors, ranker_factors={"d": factor})
+    assert six["config"]["name"] == "many_lab" and two["config"]["name"] == "many_rank"

@@ -379,6 +379,15 @@ def test_report_chooses_shipped_configs_and_cross_fits_them_against_three_retrie
     assert set(report["direct_r"]["hotpotqa"]) == {"bm25", "dense", "hybrid"}
     assert "## Dev figures (cross-fitted)" in (system / "README.md").read_text()
     assert "pair reads/q" in (out / "pareto.md").read_text() and report["pareto"]["hotpotqa"][0]["n"] == 8
+    # the evidence written beside the tables rebuilds them alone: no data folder, no tuning folder
+    again_out, again_system = tmp_path / "again", tmp_path / "again-system"
+    proc = run_script("efficientrag_report", "--evidence", out / "evidence", "--data", tmp_path / "no-data",
+                      "--output", again_out, "--system", again_system, "--keep-sample", "--folds", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for f in ("table2.md", "curve.md", "pareto.md"):
+        assert (again_out / f).read_text() == (out / f).read_text(), f
+    assert (json.loads((again_system / "loop-hotpotqa.json").read_text())["config"]
+            == json.loads((system / "loop-hotpotqa.json").read_text())["config"])
     # the cheapest config that keeps the bar, with a bar no config reaches: the best recall, as above
     first = json.loads((system / "loop-hotpotqa.json").read_text())["config"]
     proc = run_script("efficientrag_report", "--tune", f"hotpotqa={tune}", "--data", data, "--system", system,

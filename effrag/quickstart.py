@@ -2,8 +2,9 @@
 
 By default it evaluates the **shipped system** (:mod:`effrag.pretrained`, ``efficientrag-all``: the project's
 recommended recipe, ``bash scripts/train_efficientrag.sh all``; its card says how it was made). The bundled dev
-questions chose none of its settings: its loop configs were chosen on the other dev questions, and its models
-were trained on the train files. Stages (each cached under ``--workdir``; a rerun skips finished stages,
+questions chose none of its loop configs' final picks (chosen on the other dev questions) and none of its weights
+(trained on the train files); they are in the dev files on which the grid's fixed values, the loop structures and
+the link design were settled (the caption says so). Stages (each cached under ``--workdir``; a rerun skips finished stages,
 ``--fresh`` starts over):
 
 1. corpus  - pool the contexts of the bundled HotpotQA, 2WikiMultihopQA and MuSiQue sample (train + dev)
@@ -320,8 +321,10 @@ def _report(rows: list[dict], summary: list[dict], wd: Path, console, what: str)
     title = f"EfficientRAG ({what}, over {kind}) vs the strongest Direct-R: recall %"
     caption = ("D-R = Direct-R, the best of BM25, dense and hybrid at that depth; ER = EfficientRAG with at most 7 / "
                "10 chunks (margin in points); read/q = Labeler + ranker forwards per question. These bundled dev "
-               "questions chose none of the shipped loop configs' final picks; the grid's fixed values were settled "
-               "on dev files that hold them (effrag/pretrained/efficientrag-all/README.md).")
+               "questions chose none of the shipped loop configs' final picks (cost point, pool weights) and none of "
+               "the weights; they are in the dev files on which the grid's fixed values (token and filter thresholds, "
+               "labeler_top), the loop structures and the link design were settled, and the selection margin was set "
+               "after a first look at the MuSiQue ones (effrag/pretrained/efficientrag-all/README.md).")
     table = Table(title=title, caption=caption, width=min(console.width, 100))
     for c in short:
         table.add_column(c, justify="left" if c == "dataset" else "right")

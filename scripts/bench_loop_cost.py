@@ -40,6 +40,7 @@ VARIANTS = {
     "f15-h10-r20": {"first_hop_k": 15, "hop_k": 10, "rescore_top": 20, "ranker_max_length": None},
     "f15-h5-r10": {"first_hop_k": 15, "hop_k": 5, "rescore_top": 10, "ranker_max_length": None},
     "f10-h5-r5": {"first_hop_k": 10, "hop_k": 5, "rescore_top": 5, "ranker_max_length": None},
+    "f10-h3-r3": {"first_hop_k": 10, "hop_k": 3, "rescore_top": 3, "ranker_max_length": None},
     "f15-h5-r10-ranker128": {"first_hop_k": 15, "hop_k": 5, "rescore_top": 10, "ranker_max_length": 128},
     "f10-h5-r5-ranker128": {"first_hop_k": 10, "hop_k": 5, "rescore_top": 5, "ranker_max_length": 128},
     "ranker128": {"ranker_max_length": 128},

@@ -148,7 +148,11 @@ def pareto_table(tunes: dict, direct: dict, k: int, seed: int, skip, factors: di
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--tune", nargs="+", metavar="DATASET=DIR", help="tuning folders (scripts/tune_efficientrag.py)")
+    src.add_argument("--tune", nargs="+", metavar="DATASET=DIR[@RANKER]",
+                     help="tuning folders (scripts/tune_efficientrag.py); DIR@RANKER tags its rows with the system's "
+                          "ranker folder they were tuned with (e.g. @ranker-teacher), and a dataset may be given "
+                          "several folders, one per ranker: the rule then chooses among all their configs, each "
+                          "read costed by its own ranker")
     src.add_argument("--evidence", type=Path, metavar="DIR", help="a report's evidence/ folder (<dataset>.json.gz): "
                      "every table rebuilt from it alone, no data folder or tuning run needed")
     p.add_argument("--data", type=Path, default=Path("../shared/data"), help="<dataset>/{train,dev}.jsonl")
@@ -175,11 +179,19 @@ def main(argv=None) -> int:
         for f in files:
             evidence[f.name.removesuffix(".json.gz")] = read_evidence(f)
         tunes = {ds: e["rows"] for ds, e in evidence.items()}
+    tagged: dict[str, dict[str, float]] = {}
     for item in args.tune or []:
         ds, sep, folder = item.partition("=")
         if not sep:
             p.error(f"--tune {item!r}: expected DATASET=DIR")
-        tunes[ds] = read_rows(Path(folder))
+        folder, at, ranker = folder.partition("@")
+        rows = read_rows(Path(folder))
+        if at:
+            if not ranker.startswith("ranker") or "/" in ranker:
+                p.error(f"--tune {item!r}: @{ranker} is not a ranker folder name (ranker or ranker-<name>)")
+            rows = [{**r, "config": {**r["config"], "ranker": ranker}} for r in rows]
+        tagged.setdefault(ds, {})[ranker or "ranker"] = setup_ranker_factor(rows[0]["setup"])
+        tunes[ds] = tunes.get(ds, []) + rows
     skip = [] if args.keep_sample else sample_ids(tunes)
     args.output.mkdir(parents=True, exist_ok=True)
     system = args.system or args.output / "configs"
@@ -193,7 +205,8 @@ def main(argv=None) -> int:
         factors = {ds: e["ranker_factor"] for ds, e in evidence.items()}
     else:
         both = {ds: direct_r(args.data, ds, set(skip)) for ds in tunes}
-        factors = {ds: setup_ranker_factor(rows[0]["setup"]) for ds, rows in tunes.items()}
+        factors = {ds: by_ranker if len(by_ranker) > 1 else next(iter(by_ranker.values()))
+                   for ds, by_ranker in tagged.items()}
         for ds, rows in tunes.items():
             write_evidence(args.output / "evidence" / f"{ds}.json.gz", ds, rows, *both[ds], ranker_factor=factors[ds])
     direct = {ds: d for ds, (d, _) in both.items()}

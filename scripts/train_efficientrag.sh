@@ -19,7 +19,8 @@
 #    its first 2 layers on those scores (a third of the reading cost); the last checkpoints are installed (no dev
 #    question chooses them).
 # 4. scripts/tune_efficientrag.py on each dev file (the grid of effrag/configs/efficientrag_recipe.yaml, or TUNE_GRID,
-#    over RETRIEVER, every question's result kept),
+#    over RETRIEVER, every question's result kept; with the teacher too, efficientrag_recipe_teacher.yaml's grid, so
+#    that a dataset whose bar the student cannot keep cheaply reads with the teacher: "ranker": "ranker-teacher"),
 #    then scripts/efficientrag_report.py: per-dataset and joint configs chosen on the dev questions but the bundled
 #    sample's (the quickstart's): the cheapest cost point whose recall keeps the bar (the strongest Direct-R@20 at 7
 #    chunks and @30 at 10, on the choosing questions, + MARGIN; RULE=best for the best recall instead),
@@ -89,6 +90,13 @@ for d in hotpotqa 2wikimqa musique; do  # every dev question's result is kept: t
     --questions "$DATA/$d/dev.jsonl" --corpus-from "$DATA/$d/train.jsonl" --retriever "$RETRIEVER" --bf16 --er-bf16 --n 0 \
     "${grid_args[@]}" --output "runs/tune/$name-$d" > /dev/null  # table: runs/tune/*/table.md
   tunes+=("$d=runs/tune/$name-$d")
+  if [ -d "$ck/ranker-teacher" ]; then  # the teacher's rows too: the report chooses among both rankers' configs
+    "$BIN/python" scripts/tune_efficientrag.py --labeler "$ck/labeler" --filter "$ck/filter" \
+      --ranker "$ck/ranker-teacher" --questions "$DATA/$d/dev.jsonl" --corpus-from "$DATA/$d/train.jsonl" \
+      --retriever "$RETRIEVER" --bf16 --er-bf16 --n 0 --grid-file effrag/configs/efficientrag_recipe_teacher.yaml \
+      --output "runs/tune/$name-$d-teacher" > /dev/null
+    tunes+=("$d=runs/tune/$name-$d-teacher@ranker-teacher")
+  fi
 done
 "$BIN/python" scripts/efficientrag_report.py --tune "${tunes[@]}" --data "$DATA" --folds "$FOLDS" --system "$ck" \
   --rule "${RULE:-cheapest}" --margin "${MARGIN:-se}" --output "runs/tune/$name-report"

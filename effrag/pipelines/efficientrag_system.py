@@ -3,11 +3,14 @@
 A system folder (what ``bash scripts/train_efficientrag.sh all`` writes, and what ``effrag/pretrained/`` ships)::
 
     labeler/  filter/  [ranker/]     checkpoints
+    [ranker-<name>/]                 other pool rankers a loop config may read with (e.g. ranker-teacher/)
     loop.json                        the general loop config, tuned jointly over the dev files
     loop-<dataset>.json              optional per-dataset configs
 
 Every loop config file records the retriever it was tuned for (``"retriever": "hybrid"``), because its
-options were chosen over that retriever's candidates. :func:`open_system` resolves a folder or a shipped
+options were chosen over that retriever's candidates, and the system's ranker folder it was tuned with when that is
+not ``ranker/`` (``"ranker": "ranker-teacher"``: the cheapest reading that keeps a dataset's bar may need the larger
+ranker). :func:`open_system` resolves a folder or a shipped
 name (``efficientrag-all``) into paths; ``effrag eval --method efficientrag``, ``EfficientRAG.from_pretrained``
 and ``effrag serve`` all go through it, so they pick the same files and the same retriever.
 """
@@ -92,6 +95,23 @@ def config_retriever(config: str | Path | dict | None) -> str | None:
     return str(kind)
 
 
+def config_ranker(config: str | Path | None) -> str | None:
+    """The system's ranker folder a loop config file was tuned with (its top-level ``"ranker"``), if it names one."""
+    if config is None:
+        return None
+    try:
+        data = json.loads(Path(config).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read EfficientRAG config {config}: {e}") from None
+    name = data.get("ranker") if isinstance(data, dict) else None
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name.startswith("ranker") or Path(name).name != name:
+        raise ValueError(f"{config}: field 'ranker': {name!r} is not a ranker folder name of the system "
+                         "(ranker or ranker-<name>)")
+    return name
+
+
 def open_system(model: str | Path = DEFAULT_SYSTEM, config: str | Path | None = None,
                 dataset: str | None = None) -> SystemFiles:
     """The files of system ``model``: ``config`` if given, else ``loop-<dataset>.json`` when ``dataset`` is given
@@ -109,6 +129,9 @@ def open_system(model: str | Path = DEFAULT_SYSTEM, config: str | Path | None = 
             "%s has no %s%s: the loop runs on the library's default options, which no dev file chose (give "
             "--er-config FILE, or train the system with scripts/train_efficientrag.sh)", root, GENERAL_CONFIG,
             f" nor loop-{dataset}.json" if dataset else "")
-    ranker = root / "ranker" if (root / "ranker").is_dir() else None
+    named = config_ranker(chosen)
+    if named is not None and not (root / named).is_dir():
+        raise FileNotFoundError(f"{chosen}: field 'ranker' names {named}/, which {root} does not hold")
+    ranker = root / (named or "ranker") if (root / (named or "ranker")).is_dir() else None
     return SystemFiles(root=root, labeler=root / "labeler", filter=root / "filter", ranker=ranker, config=chosen,
                        retriever=config_retriever(chosen))

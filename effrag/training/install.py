@@ -254,8 +254,9 @@ def export_system(src: Path, dst: Path, figures: Path | None = None) -> dict:
         shutil.rmtree(dst)
     dst.mkdir(parents=True)
     sizes, sources = {}, {}
-    models = [("labeler", LabelerModel), ("filter", FilterModel)] + ([("ranker", RankerModel)]
-                                                                      if (src / "ranker").is_dir() else [])
+    # every pool ranker the system holds: ranker/ and any ranker-<name>/ a loop config reads with (its "ranker")
+    rankers = sorted(d.name for d in src.iterdir() if d.is_dir() and (d.name == "ranker" or d.name.startswith("ranker-")))
+    models = [("labeler", LabelerModel), ("filter", FilterModel)] + [(name, RankerModel) for name in rankers]
     for name, cls in models:
         # a folder that already holds int8 rows (a shipped system retuned in place) is copied as it is
         if has_compact_encoder(src / name):
@@ -324,21 +325,25 @@ def shipped_card(src: Path, sizes: dict, source: str | None = None) -> str:
                        "(Labeler / ranker / Filter) |", "|---|---|---:|---:|---:|---|", *rows])
     return f"""# efficientrag-all (shipped with effrag)
 
-The recommended EfficientRAG system, as `bash scripts/train_efficientrag.sh all` makes it: a Labeler, a Filter and
-a pool ranker (all-MiniLM-L6-v2 fine-tunes) trained on annotation-derived data from the HotpotQA, 2WikiMultihopQA
-and MuSiQue train files in `../shared/data` (1,099 questions, pooled), and loop configs chosen on the dev files.
+The recommended EfficientRAG system, as `bash scripts/train_efficientrag.sh all` makes it: a Labeler and a Filter
+(all-MiniLM-L6-v2 fine-tunes) and a pool ranker (since 2026-11-27 a 2-layer student, distilled at 128 sub-tokens from
+a 6-layer MiniLM ranker: a read costs a third of the Labeler's) trained on annotation-derived data from the HotpotQA,
+2WikiMultihopQA and MuSiQue train files in `../shared/data` (1,099 questions, pooled), and loop configs chosen on the
+dev files.
 The loop runs over a **{kind}** retriever (the one its configs were tuned for, and the default wherever it is opened).
 
-- `labeler/`, `filter/`, `ranker/`: effrag checkpoints whose encoders are stored as int8 rows ({mb}; the ranker's
-  frozen word embeddings are taken from the installed all-MiniLM-L6-v2; see `effrag/models/compact.py`),
-  dequantized to fp32 when loaded. `TRAINING.md` in each is its training run's card.
+- `labeler/`, `filter/`, `ranker/` (and `ranker-teacher/`, the 6-layer ranker the student was distilled from, which
+  a loop config naming it reads with: `"ranker": "ranker-teacher"`): effrag checkpoints whose encoders are stored as
+  int8 rows ({mb}; the rankers' frozen word embeddings are taken from the installed all-MiniLM-L6-v2; see
+  `effrag/models/compact.py`), dequantized to fp32 when loaded. `TRAINING.md` in each is its training run's card.
 - `loop.json`: the general loop config, chosen jointly on the three dev files: the default, and what to use on a
   corpus of your own. `loop-<dataset>.json`: chosen on that dataset's dev file.
 - `RECIPE.md`: the recipe's card with every figure; `export.json`: the sha256 of the source weights, versions
   and the export command.
 
 ## Which questions chose what
-- The models: trained on the train files only; the ranker's installed checkpoint is the end of its schedule.
+- The models: trained on the train files only; the ranker's (and its teacher's) installed checkpoint is the end of
+  its schedule, and its recipe (2 layers, 128 sub-tokens, half soft targets) was fixed before any dev question ran.
 - The loop configs: chosen on the dev files' questions, **except** the bundled sample's 30 per dataset (what
   `effrag quickstart` shows), by the rule each file records under `chosen_on.rule` (since 2026-11-27: the config
   that reads least among those whose recall with at most 7 and 10 chunks keeps the strongest Direct-R@20 and @30 of

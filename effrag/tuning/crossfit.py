@@ -46,12 +46,22 @@ def _cut(pq: list, cap: int) -> tuple[float, float]:
     return (found / n_gold if n_gold else 1.0), float(min(cap, size))
 
 
+def ranker_factor_of(config: Mapping[str, Any], factor: float | Mapping[str, float]) -> float:
+    """The read factor of the ranker a row's config names (``"ranker"``, default the system's ``ranker/``)."""
+    if isinstance(factor, Mapping):
+        return float(factor.get(config.get("ranker") or "ranker", 1.0))
+    return float(factor)
+
+
 class Candidates:
     """One dataset's configs (tuning rows), each scored at every cut of its pool on each question."""
 
-    def __init__(self, rows: Iterable[dict], caps: Sequence[int] = CAPS, ranker_factor: float = 1.0):
+    def __init__(self, rows: Iterable[dict], caps: Sequence[int] = CAPS,
+                 ranker_factor: float | Mapping[str, float] = 1.0):
         self.caps = list(caps)
-        self.ranker_factor = ranker_factor  # a ranker read's cost against a Labeler read (loop_cost.ranker_read_factor)
+        # a ranker read's cost against a Labeler read (loop_cost.ranker_read_factor): one for every row, or one per
+        # ranker folder a row's config names ("ranker": rows of two rankers tuned apart and chosen among together)
+        self.ranker_factor = ranker_factor
         self.rows: dict[str, dict] = {}
         for r in rows:
             if "per_question" not in r:
@@ -77,7 +87,8 @@ class Candidates:
         from .loop_cost import read_cost
 
         config = self.rows[key]["config"]
-        return sum(read_cost(config, self.cost[key][i], self.ranker_factor) for i in members) / len(members)
+        factor = ranker_factor_of(config, self.ranker_factor)
+        return sum(read_cost(config, self.cost[key][i], factor) for i in members) / len(members)
 
     def mean(self, key: str, cap: int, members: Sequence[int]) -> tuple[float, float]:
         s = self.scores[key][cap]

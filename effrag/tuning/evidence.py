@@ -4,7 +4,8 @@ A tuning folder's ``results.jsonl`` (every config's per-question pool positions,
 over the dev files are what ``scripts/efficientrag_report.py`` chooses and scores from; neither is in git, so a
 reader could not recompute a headline. ``<report>/evidence/<dataset>.json.gz`` keeps exactly what the report
 reads: each row's config and per-question scores (the setup once, without machine paths), the Direct-R recall
-curve of each retriever and its per-question recall at the target depths, and the ranker's read factor.
+curve of each retriever and its per-question recall at the target depths, and the ranker's read factor (one per
+ranker folder when the rows come from several rankers).
 ``efficientrag_report.py --evidence DIR`` rebuilds every table from these files alone, from a fresh clone with no
 data folder and no tuning run.
 """
@@ -19,14 +20,14 @@ FORMAT = 1
 
 
 def write_evidence(path: str | Path, dataset: str, rows: list[dict], direct: Mapping, per_question: Mapping,
-                   ranker_factor: float = 1.0) -> Path:
+                   ranker_factor: float | Mapping[str, float] = 1.0) -> Path:
     """Write one dev file's evidence (rows as :func:`.loop_configs.read_rows` gives them)."""
     from .loop_configs import portable_setup
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"format": FORMAT, "dataset": dataset, "setup": portable_setup(rows[0]["setup"]),
-            "ranker_factor": ranker_factor,
+            "ranker_factor": dict(ranker_factor) if isinstance(ranker_factor, Mapping) else ranker_factor,
             "rows": [{"config": r["config"], "changes": r.get("changes"), "per_question": r["per_question"]}
                      for r in rows],
             "direct_r": {kind: {str(k): v for k, v in curve.items()} for kind, curve in direct.items()},

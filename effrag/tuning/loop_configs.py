@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from .crossfit import choose, crossfit
+from .crossfit import choose, crossfit, ranker_factor_of
 from .loop_cost import cost_point, read_cost
 
 
@@ -98,8 +98,10 @@ def _write(path: Path, pick: Mapping[str, Any], retriever: str, crossfitted: Map
     how = rule[0] if rule[0] == "best recall" else \
         f"{rule[0]}: the strongest Direct-R's recall on the same questions + " + (
             "one standard error of the per-question difference" if rule[1] == "se" else f"{100 * rule[1]:g} points")
+    config = dict(pick["config"])
+    ranker = config.pop("ranker", None)  # which of the system's rankers: the file's, not a loop option
     path.write_text(json.dumps({
-        "config": pick["config"], "retriever": retriever,
+        "config": config, "retriever": retriever, **({"ranker": ranker} if ranker and ranker != "ranker" else {}),
         "chosen_on": {"questions": chosen_on, "n": pick["chosen_on"], "rule": how},
         "crossfit": crossfitted,
         "in_sample_recall": {d: {str(b): round(v, 4) for b, v in r.items()} for d, r in pick["in_sample"].items()},
@@ -118,7 +120,7 @@ def setup_ranker_factor(setup: Mapping[str, Any]) -> float:
 
 
 def cost_curve(rows: list[dict], *, k: int = 5, seed: int = 0, exclude=(), budgets=(7, 10),
-               shown=(5, 7, 10), ranker_factor: float = 1.0) -> list[dict]:
+               shown=(5, 7, 10), ranker_factor: float | Mapping[str, float] = 1.0) -> list[dict]:
     """One dataset's Pareto rows: for each cost point of a tuning folder's rows, the cross-fitted recall at ``shown``
     chunks of the best-recall rule restricted to that point's configs (the other options, e.g. the pool weights,
     still chosen on the other folds), with the held-out questions' reads per model and :func:`read_cost`."""
@@ -134,5 +136,5 @@ def cost_curve(rows: list[dict], *, k: int = 5, seed: int = 0, exclude=(), budge
         at = {cap: rec for cap, rec, _ in res["curve"]}
         point = json.loads(key)
         out.append({"point": point, "recall": {c: at[c] for c in shown}, "reads": res["forwards"],
-                    "read_cost": read_cost(point, res["forwards"], ranker_factor), "n": res["n"], "configs": len(members)})
+                    "read_cost": read_cost(point, res["forwards"], ranker_factor_of(point, ranker_factor)), "n": res["n"], "configs": len(members)})
     return sorted(out, key=lambda r: -r["read_cost"])

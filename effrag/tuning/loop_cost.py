@@ -35,19 +35,23 @@ def read_cost(config: dict, forwards, ranker_factor: float = 1.0) -> float:
 
 
 def ranker_read_factor(ranker_dir, labeler_dir) -> float:
-    """What one ranker read costs against one Labeler read of the same length: their encoders' layer ratio (same
-    width; the embeddings and the head are a few percent of a forward). 1.0 when either folder's config.json does
-    not say."""
+    """What one ranker read costs against one Labeler read at the Labeler's trained length: the encoders' layer ratio
+    (same width; the embeddings and the head are a few percent of a forward) times the ratio of their own input
+    lengths' :func:`length_factor` (a 2-layer student trained at 128 sub-tokens beside the 6-layer Labeler at 256:
+    1/3 x 0.68). A config's ``ranker_max_length`` is counted on top (:func:`read_cost`), which overstates a further
+    cut of a ranker already shorter than it; no recipe config cuts the student. 1.0 when a folder's config.json or
+    effrag_config.json does not say."""
     import json
     from pathlib import Path
 
-    layers = []
+    layers, lengths = [], []
     for d in (ranker_dir, labeler_dir):
         try:
             layers.append(int(json.loads((Path(d) / "config.json").read_text())["num_hidden_layers"]))
+            lengths.append(int(json.loads((Path(d) / "effrag_config.json").read_text())["max_length"]))
         except (OSError, ValueError, KeyError, TypeError):
             return 1.0
-    return layers[0] / layers[1]
+    return layers[0] / layers[1] * length_factor(lengths[0]) / length_factor(lengths[1])
 
 
 def labeler_pairs(results, corpus, chunk_format: str) -> list[tuple[str, str]]:
@@ -197,7 +201,7 @@ def report(out: dict, base_recall: float) -> str:
 
 
 COST_OPTIONS = ("first_hop_k", "hop_k", "rescore_top", "max_hops", "labeler_top", "ranker_max_length",
-                "labeler_max_length", "int8")
+                "labeler_max_length", "int8", "ranker")
 
 
 def cost_point(config: dict) -> dict:

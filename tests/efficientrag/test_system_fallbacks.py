@@ -51,3 +51,30 @@ def test_a_retriever_other_than_the_tuned_one_is_said(tiny_efficientrag_dirs, tm
     assert "effrag: warning: the efficientrag loop config was tuned over a hybrid retriever; this run uses bm25" in err
     code, _, err = _eval(system, tmp_path, capsys, "--overwrite")  # the tuned one: nothing to say
     assert code == 0 and "was tuned over" not in err
+
+
+def test_a_loop_config_reads_with_the_ranker_folder_it_names(tiny_efficientrag_dirs, tmp_path, capsys):
+    """A system with two rankers (ranker/ the student, ranker-teacher/ the teacher): each loop config file opens the
+    one it was tuned with; a name the system lacks, or one that would leave the folder, is one line."""
+    from effrag.pipelines.efficientrag_system import open_system
+
+    system = _system(tiny_efficientrag_dirs, tmp_path / "sys", {"config": {"hop_k": 3, "max_hops": 2},
+                                                                 "retriever": "bm25"})
+    shutil.copytree(tiny_efficientrag_dirs["ranker"], system / "ranker-teacher")  # and no ranker/
+    (system / "loop-hotpotqa.json").write_text(json.dumps({"config": {"hop_k": 3, "max_hops": 2, "pool_order": "rank"},
+                                                           "retriever": "bm25", "ranker": "ranker-teacher"}))
+    assert open_system(system).ranker is None
+    assert open_system(system, dataset="hotpotqa").ranker == system / "ranker-teacher"
+    code, _, err = _eval(system, tmp_path, capsys, "--er-config", system / "loop-hotpotqa.json")  # ranks with the teacher
+    assert code == 0, err
+    rows = [json.loads(x) for x in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
+    read = [c for r in rows for e in r["trace"]["hops"] for c in e["chunks"]]
+    assert len(rows) == 2 and read and all(c.get("rank_score") is not None for c in read)  # the teacher read them
+    shutil.copytree(tiny_efficientrag_dirs["ranker"], system / "ranker")
+    assert open_system(system).ranker == system / "ranker"
+    for bad, message in (("ranker-student", "names ranker-student/, which"), ("../ranker", "is not a ranker folder")):
+        (system / "loop-hotpotqa.json").write_text(json.dumps({"config": {"hop_k": 3}, "retriever": "bm25",
+                                                               "ranker": bad}))
+        code, _, err = _eval(system, tmp_path, capsys, "--er-config", system / "loop-hotpotqa.json")
+        lines = [x for x in err.splitlines() if x.strip() and "Loading weights" not in x]
+        assert code == 2 and len(lines) == 1 and message in lines[0], err

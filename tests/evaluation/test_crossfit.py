@@ -134,11 +134,13 @@ def test_a_ranker_read_costs_its_layers_against_the_labelers(tmp_path):
     it over reading more with the Labeler."""
     from effrag.tuning.loop_cost import ranker_read_factor, read_cost
 
-    for name, layers in (("ranker", 2), ("labeler", 6)):
+    for name, layers, length in (("ranker", 2, 256), ("labeler", 6, 256), ("short", 2, 128)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps({"num_hidden_layers": layers}))
+        (tmp_path / name / "effrag_config.json").write_text(json.dumps({"max_length": length}))
     factor = ranker_read_factor(tmp_path / "ranker", tmp_path / "labeler")
     assert factor == pytest.approx(1 / 3)
+    assert ranker_read_factor(tmp_path / "short", tmp_path / "labeler") == pytest.approx(128 / 188 / 3)  # own length
     assert ranker_read_factor(tmp_path / "ranker", tmp_path / "missing") == 1.0
     assert read_cost({}, [4, 30, 0], factor) == pytest.approx(14.0)
     # two configs with the same recall: 6 Labeler + 6 ranker reads (12, or 8 at a third) against 3 + 12 (15, or 7)
@@ -148,3 +150,24 @@ def test_a_ranker_read_costs_its_layers_against_the_labelers(tmp_path):
     six = choose({"d": [many_lab, many_rank]}, budgets=[7], floors=floors)
     two = choose({"d": [many_lab, many_rank]}, budgets=[7], floors=floors, ranker_factors={"d": factor})
     assert six["config"]["name"] == "many_lab" and two["config"]["name"] == "many_rank"
+
+
+def test_rows_of_two_rankers_are_chosen_among_together_and_the_file_names_its_ranker(tmp_path):
+    """Rows tuned with the student (ranker/) and with the teacher (ranker-teacher/), same recall: the cheapest rule
+    costs each by its own ranker; the written loop config names the teacher's folder, outside the loop options."""
+    from effrag.pipelines.efficientrag_config import build_config
+    from effrag.tuning.loop_configs import write_loop_configs
+
+    gold = {q: [1, 2] for q in IDS}
+    setup = {"retriever": "bm25", "questions": "d/dev.jsonl"}
+    student = {**_row("s", gold, cost=(4, 30, 0)), "setup": setup}
+    teacher = {**_row("t", gold, cost=(4, 12, 0)), "setup": setup}
+    student["config"] = {"hop_k": 5, "max_candidates": None}
+    teacher["config"] = {"hop_k": 3, "max_candidates": None, "ranker": "ranker-teacher"}
+    floors = {"d": {7: {"bm25": dict.fromkeys(IDS, 0.5)}, 10: {"bm25": dict.fromkeys(IDS, 0.5)}}}
+    for factors, want in (({"d": {"ranker": 1 / 3, "ranker-teacher": 1.0}}, "ranker"),  # 14 against 16
+                          ({"d": {"ranker": 1.0, "ranker-teacher": 1.0}}, "ranker-teacher")):  # 34 against 16
+        write_loop_configs({"d": [student, teacher]}, tmp_path, k=2, floors=floors, ranker_factors=factors)
+        written = json.loads((tmp_path / "loop-d.json").read_text())
+        assert written.get("ranker", "ranker") == want and "ranker" not in written["config"]
+        build_config(tmp_path / "loop-d.json")  # a valid loop config: the ranker is the file's, not an option

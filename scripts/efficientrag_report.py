@@ -20,7 +20,7 @@ The bundled sample's dev questions (the quickstart's) are left out of every choi
 
     python scripts/efficientrag_report.py --tune hotpotqa=runs/tune/all-hotpotqa 2wikimqa=... musique=... \\
         --data ../shared/data --system checkpoints/efficientrag-all --output reports/efficientrag/dev
-    python scripts/efficientrag_report.py --evidence reports/efficientrag/crossfit/evidence --output /tmp/again
+    python scripts/efficientrag_report.py --evidence reports/efficientrag/crossfit/evidence --output runs/again
 """
 from __future__ import annotations
 
@@ -136,13 +136,31 @@ def pareto_table(tunes: dict, direct: dict, k: int, seed: int, skip, factors: di
         data[ds] = curve
         bars = {t: strongest(direct[ds], t) for t in TARGETS.values()}
         for c in curve:
-            rows.append([ds, ", ".join(f"{n} {v}" for n, v in c["point"].items()),
+            rows.append([ds, c["point"].get("ranker", "ranker"),
+                         ", ".join(f"{n} {v}" for n, v in c["point"].items() if n != "ranker"),
                          " / ".join(f"{x:.1f}" for x in c["reads"]), f"{c['read_cost']:.1f}",
                          *(f"{100 * c['recall'][b]:.1f}" for b in (5, 7, 10)),
                          *(("yes" if c["recall"][b] >= bars[TARGETS[b]][1] else "no") for b in (7, 10))])
-    head = ["dataset", "cost point", "read/q (Labeler / ranker / Filter)", "pair reads/q", "R@5", "R@7", "R@10",
-            "@7 >= strongest @20", "@10 >= strongest @30"]
-    return md_table(head, rows, "lllrrrrll"), data
+    head = ["dataset", "ranker", "cost point", "read/q (Labeler / ranker / Filter)", "pair reads/q", "R@5", "R@7",
+            "R@10", "@7 >= strongest @20", "@10 >= strongest @30"]
+    return md_table(head, rows, "llllrrrrll"), data
+
+
+def ranker_factor_for(setup: dict, system: Path | None, name: str, parser) -> float:
+    """A tuning folder's ranker read factor: from the system's folder ``name`` when ``--system`` holds it (the
+    tuning's own path may since hold another model), checked against the fingerprint the tuning recorded; else from
+    the folders the tuning read."""
+    from effrag.models.model_files import fingerprint
+    from effrag.tuning.loop_cost import ranker_read_factor
+    from effrag.tuning.loop_configs import setup_ranker_factor
+
+    if system is None or not (system / name).is_dir():
+        return setup_ranker_factor(setup)
+    tuned = (setup.get("model_files") or {}).get("ranker")
+    if tuned and fingerprint(system / name) != tuned:
+        parser.error(f"{system / name} is not the ranker the tuning read (fingerprint {fingerprint(system / name)} "
+                     f"against {tuned}): tune it again, or tag the rows with the folder that holds it")
+    return ranker_read_factor(system / name, system / "labeler")
 
 
 def main(argv=None) -> int:
@@ -186,11 +204,13 @@ def main(argv=None) -> int:
             p.error(f"--tune {item!r}: expected DATASET=DIR")
         folder, at, ranker = folder.partition("@")
         rows = read_rows(Path(folder))
+        factor = ranker_factor_for(rows[0]["setup"], args.system, ranker or "ranker", p)
         if at:
             if not ranker.startswith("ranker") or "/" in ranker:
                 p.error(f"--tune {item!r}: @{ranker} is not a ranker folder name (ranker or ranker-<name>)")
-            rows = [{**r, "config": {**r["config"], "ranker": ranker}} for r in rows]
-        tagged.setdefault(ds, {})[ranker or "ranker"] = setup_ranker_factor(rows[0]["setup"])
+            rows = [{**r, "config": {**r["config"], "ranker": ranker}, "setup": {**r["setup"], "ranker": ranker}}
+                    for r in rows]
+        tagged.setdefault(ds, {})[ranker or "ranker"] = factor
         tunes[ds] = tunes.get(ds, []) + rows
     skip = [] if args.keep_sample else sample_ids(tunes)
     args.output.mkdir(parents=True, exist_ok=True)
@@ -232,8 +252,10 @@ def main(argv=None) -> int:
     (args.output / "pareto.md").write_text(
         "Each cost point the tuning tried: what the loop read per question (held-out questions' mean) and recall % "
         f"cross-fitted within the point ({args.folds} folds, seed {args.seed}: its other options, e.g. the pool "
-        "weights, chosen on the other folds by best recall at 7 and 10). *pair reads/q* weighs each read by its "
-        "input length (a Filter input is 0.25 of a pair) and a ranker read by the ranker's layers over the Labeler's; seconds are scripts/bench_loop_cost.py's.\n\n" + pt + "\n")
+        "weights, chosen on the other folds by best recall at 7 and 10). *ranker*: the system's folder the loop "
+        "read with (ranker: its own; ranker-teacher: the larger one it was distilled from). *pair reads/q* weighs "
+        "each read by its input length (a Filter input is 0.25 of a pair) and a ranker read by the ranker's layers "
+        "and own input length against the Labeler's; seconds are scripts/bench_loop_cost.py's.\n\n" + pt + "\n")
     (args.output / "crossfit.json").write_text(json.dumps(report, indent=1, default=str))
     try:
         from effrag.evaluation.plots import write_report_plot

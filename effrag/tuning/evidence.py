@@ -3,7 +3,8 @@
 A tuning folder's ``results.jsonl`` (every config's per-question pool positions, 4-30 MB) and the Direct-R runs
 over the dev files are what ``scripts/efficientrag_report.py`` chooses and scores from; neither is in git, so a
 reader could not recompute a headline. ``<report>/evidence/<dataset>.json.gz`` keeps exactly what the report
-reads: each row's config and per-question scores (the setup once, without machine paths), the Direct-R recall
+reads: each row's config and per-question scores (each tuning folder's setup once, without machine paths), the
+Direct-R recall
 curve of each retriever and its per-question recall at the target depths, and the ranker's read factor (one per
 ranker folder when the rows come from several rankers).
 ``efficientrag_report.py --evidence DIR`` rebuilds every table from these files alone, from a fresh clone with no
@@ -26,10 +27,17 @@ def write_evidence(path: str | Path, dataset: str, rows: list[dict], direct: Map
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"format": FORMAT, "dataset": dataset, "setup": portable_setup(rows[0]["setup"]),
+    setups: list[dict] = []  # one per tuning folder the rows came from (each ranker's its own)
+    index = []
+    for r in rows:
+        setup = portable_setup(r["setup"])
+        if setup not in setups:
+            setups.append(setup)
+        index.append(setups.index(setup))
+    data = {"format": FORMAT, "dataset": dataset, "setups": setups,
             "ranker_factor": dict(ranker_factor) if isinstance(ranker_factor, Mapping) else ranker_factor,
-            "rows": [{"config": r["config"], "changes": r.get("changes"), "per_question": r["per_question"]}
-                     for r in rows],
+            "rows": [{"config": r["config"], "changes": r.get("changes"), "per_question": r["per_question"],
+                      "setup": i} for r, i in zip(rows, index)],
             "direct_r": {kind: {str(k): v for k, v in curve.items()} for kind, curve in direct.items()},
             "direct_r_per_question": {kind: {str(k): v for k, v in by_k.items()} for kind, by_k in per_question.items()}}
     tmp = path.with_name(path.name + ".partial")
@@ -50,8 +58,7 @@ def read_evidence(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path}: not a readable evidence file ({e})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not data.get("rows"):
         raise ValueError(f"{path}: not an effrag evidence file of format {FORMAT}")
-    setup = data["setup"]
-    data["rows"] = [{**r, "setup": setup} for r in data["rows"]]
+    data["rows"] = [{**r, "setup": data["setups"][r["setup"]]} for r in data["rows"]]
     data["direct_r"] = {kind: {int(k): v for k, v in curve.items()} for kind, curve in data["direct_r"].items()}
     data["direct_r_per_question"] = {kind: {int(k): v for k, v in by_k.items()}
                                      for kind, by_k in data["direct_r_per_question"].items()}

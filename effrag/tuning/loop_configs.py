@@ -83,14 +83,24 @@ def write_loop_configs(tunes: Mapping[str, str | Path | list], system: str | Pat
         pick = choose({d: r}, budgets, exclude=skip, **own)
         report["per_dataset"][d] = {"crossfit": held, "chosen": pick}
         _write(out / f"loop-{d}.json", pick, retriever, {d: _describe(held, d)},
-               f"{d} dev questions but the bundled sample's", portable_setup(setups[d]), report["rule"])
+               f"{d} dev questions but the bundled sample's", portable_setup(_setup_of(r, pick["config"])),
+               report["rule"])
     held = crossfit(rows, budgets, k=k, seed=seed, exclude=skip, **rule)
     pick = choose(rows, budgets, exclude=skip, **rule)
     report["general"] = {"crossfit": held, "chosen": pick}
     _write(out / "loop.json", pick, retriever, {d: _describe(held, d) for d in rows},
            f"the dev questions of {', '.join(rows)} jointly (mean recall), but the bundled sample's",
-           {d: portable_setup(s) for d, s in setups.items()}, report["rule"])
+           {d: portable_setup(_setup_of(r, pick["config"])) for d, r in rows.items()}, report["rule"])
     return report
+
+
+def _setup_of(rows: list[dict], config: Mapping[str, Any]) -> dict:
+    """The setup of the tuning folder the chosen config's row came from (rows of several rankers carry each its own
+    ranker and model fingerprints)."""
+    from .crossfit import config_key
+
+    key = config_key(config)
+    return next((r["setup"] for r in rows if config_key(r["config"]) == key), rows[0]["setup"])
 
 
 def _write(path: Path, pick: Mapping[str, Any], retriever: str, crossfitted: Mapping[str, Any], chosen_on: str,

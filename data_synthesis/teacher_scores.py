@@ -22,34 +22,29 @@ DONE_NAME = "ranker_teacher.json"
 
 
 def _read_records(path: Path) -> list[dict]:
+    from effrag.jsonl import numbered_jsonl
+
     records = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("query"), str) \
-                    or not isinstance(rec.get("candidates"), list) or not rec["candidates"]:
-                raise ValueError(f"{path}:{n}: not a ranker group (needs 'query' and a non-empty 'candidates' list)")
-            for i, c in enumerate(rec["candidates"]):
-                if not isinstance(c, dict) or "text" not in c:
-                    raise ValueError(f"{path}:{n}: candidates[{i}] has no field 'text'")
-            records.append(rec)
+    for n, rec in numbered_jsonl(path):
+        if not isinstance(rec, dict) or not isinstance(rec.get("query"), str) \
+                or not isinstance(rec.get("candidates"), list) or not rec["candidates"]:
+            raise ValueError(f"{path}:{n}: not a ranker group (needs 'query' and a non-empty 'candidates' list)")
+        for i, c in enumerate(rec["candidates"]):
+            if not isinstance(c, dict) or "text" not in c:
+                raise ValueError(f"{path}:{n}: candidates[{i}] has no field 'text'")
+        records.append(rec)
     return records
 
 
 def _complete_lines(path: Path) -> int:
     """How many whole records a partial output holds; a torn last line (a kill mid-write) is cut off."""
+    from effrag.jsonl import truncate_partial_line
+
     if not path.is_file():
         return 0
-    data = path.read_bytes()
-    keep = data[: data.rfind(b"\n") + 1] if b"\n" in data else b""
-    if len(keep) != len(data):
-        path.write_bytes(keep)
-    return keep.count(b"\n")
+    truncate_partial_line(path)
+    with path.open("rb") as f:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
 
 
 def score_records(teacher, records: list[dict], max_length: int | None, batch_size: int, bf16: bool) -> list[dict]:

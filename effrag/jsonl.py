@@ -63,8 +63,8 @@ def numbered_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
                 raise ValueError(f"{path}:{n}: invalid JSON line: {e.msg}") from None
 
 
-def _truncate_partial_line(path: Path) -> int:
-    """Cut ``path`` after its last newline; returns the number of bytes dropped."""
+def truncate_partial_line(path: Path) -> int:
+    """Cut ``path`` after its last newline (a kill mid-write leaves a torn last line); returns the bytes dropped."""
     size = path.stat().st_size
     if size == 0:
         return 0
@@ -110,7 +110,7 @@ class ResumableWriter:
     def _recover(self) -> None:
         for p in self.paths.values():
             if p.exists():
-                self.recovered["partial_lines"] += int(_truncate_partial_line(p) > 0)
+                self.recovered["partial_lines"] += int(truncate_partial_line(p) > 0)
         for rec in read_jsonl(self.paths[DONE]):
             self.done_ids.add(item_key(rec["dataset"], rec["qid"]))
         for name in self.files:
@@ -206,7 +206,7 @@ class ResultLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.key = key
         self.rows: dict[Any, dict[str, Any]] = {}
-        self.torn = bool(self.path.is_file() and _truncate_partial_line(self.path))
+        self.torn = bool(self.path.is_file() and truncate_partial_line(self.path))
         if self.path.is_file():
             with self.path.open("rb") as f:
                 for n, raw in enumerate(f, start=1):

@@ -419,3 +419,18 @@ def run_script(name: str, *args, cwd: Path | None = None, env: dict | None = Non
            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run([sys.executable, str(REPO / "scripts" / f"{name}.py"), *map(str, args)], cwd=cwd or REPO,
                           env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def make_ranker_groups(root: Path, limit: int) -> list[str]:
+    """`effrag synthesize` (annotation, no negatives) of the first ``limit`` HotpotQA train sample questions, then
+    `effrag ranker-data` (BM25, groups of 4) into ``root/groups``; returns the ranker-data arguments."""
+    from effrag.cli import main
+    from effrag.data import sample_path
+
+    train = str(sample_path("hotpotqa", "train"))
+    assert main(["synthesize", "--inputs", train, "--output", str(root / "synth"), "--no-negatives",
+                 "--limit", str(limit), "--quiet"]) == 0
+    args = ["ranker-data", "--synth", str(root / "synth"), "--inputs", train, "--output", str(root / "groups"),
+            "--retriever", "bm25", "--depth", "12", "--negatives", "3", "--quiet"]
+    assert main(args) == 0
+    return args

@@ -174,16 +174,10 @@ def test_pipeline_and_eval_flags_take_a_ranker(tiny_efficientrag_dirs, retriever
 @pytest.fixture(scope="module")
 def groups_dir(tmp_path_factory):
     """`effrag synthesize` (annotation, no negatives) then `effrag ranker-data` (BM25) on the HotpotQA train sample."""
-    from effrag.cli import main
+    from helpers import make_ranker_groups
 
     root = tmp_path_factory.mktemp("ranker_data")
-    train = str(sample_path("hotpotqa", "train"))
-    assert main(["synthesize", "--inputs", train, "--output", str(root / "synth"), "--no-negatives",
-                 "--limit", "20", "--quiet"]) == 0
-    args = ["ranker-data", "--synth", str(root / "synth"), "--inputs", train, "--output", str(root / "groups"),
-            "--retriever", "bm25", "--depth", "12", "--negatives", "3", "--quiet"]
-    assert main(args) == 0
-    return root, args
+    return root, make_ranker_groups(root, 20)
 
 
 def test_ranker_groups_hold_one_gold_against_non_gold_negatives(groups_dir):

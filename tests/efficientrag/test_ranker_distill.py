@@ -11,7 +11,6 @@ import math
 import pytest
 import torch
 
-from effrag.data import sample_path
 from effrag.models import RankerModel, load_model
 from effrag.models.ranker import distill_loss
 
@@ -21,14 +20,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="module")
 def groups(tmp_path_factory):
     """`effrag synthesize` then `effrag ranker-data` (BM25, groups of 4) on 12 HotpotQA train sample questions."""
-    from effrag.cli import main
+    from helpers import make_ranker_groups
 
     root = tmp_path_factory.mktemp("distill")
-    train = str(sample_path("hotpotqa", "train"))
-    assert main(["synthesize", "--inputs", train, "--output", str(root / "synth"), "--no-negatives",
-                 "--limit", "12", "--quiet"]) == 0
-    assert main(["ranker-data", "--synth", str(root / "synth"), "--inputs", train, "--output", str(root / "groups"),
-                 "--retriever", "bm25", "--depth", "12", "--negatives", "3", "--quiet"]) == 0
+    make_ranker_groups(root, 12)
     return root
 
 

@@ -434,3 +434,18 @@ def make_ranker_groups(root: Path, limit: int) -> list[str]:
             "--retriever", "bm25", "--depth", "12", "--negatives", "3", "--quiet"]
     assert main(args) == 0
     return args
+
+
+def tiny_bert_base(folder: Path, seed: int = 0) -> Path:
+    """A random 2-layer BERT (hidden 32) with MiniLM's tokenizer saved as an encoder folder: a base to train from."""
+    import torch
+    from transformers import AutoModel, BertConfig
+
+    from effrag.models.heads import load_tokenizer, resolve_encoder
+
+    tok = load_tokenizer(resolve_encoder("minilm"))
+    torch.manual_seed(seed)
+    AutoModel.from_config(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder

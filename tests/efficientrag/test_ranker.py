@@ -217,18 +217,14 @@ def test_ranker_data_is_deterministic_and_a_finished_output_is_reused(groups_dir
 
 
 def test_ranker_trains_with_train_py_and_learns_the_groups(groups_dir, tmp_path):
-    from transformers import AutoModel, BertConfig
+    from transformers import AutoModel
 
-    from effrag.models.heads import load_tokenizer, resolve_encoder
+    from helpers import tiny_bert_base
+
     from effrag.training import load_config, train
 
     root, _ = groups_dir
-    tok = load_tokenizer(resolve_encoder("minilm"))
-    torch.manual_seed(0)
-    base = tmp_path / "base"
-    AutoModel.from_config(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=64)).save_pretrained(base)
-    tok.save_pretrained(base)
+    base = tiny_bert_base(tmp_path / "base")
     data = str(root / "groups" / "ranker.jsonl")
     cfg = load_config("ranker", {"model": {"name_or_path": str(base), "max_length": 64,
                                            "freeze": ["embeddings.word_embeddings"]},

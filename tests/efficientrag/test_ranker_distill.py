@@ -151,17 +151,11 @@ def _student_config(name_or_path, data, out, weight, epochs=4):
 def test_a_distilled_student_follows_its_teachers_order_more_than_one_trained_on_the_gold(scored, tmp_path):
     """A 1-layer student of a fresh 2-layer BERT, trained on the same groups with the teacher's soft targets and
     with the gold labels only: the soft targets carry the teacher's order of the negatives too."""
-    from transformers import AutoModel, BertConfig
+    from helpers import tiny_bert_base
 
-    from effrag.models.heads import load_tokenizer, resolve_encoder
     from effrag.training import load_config, train
 
-    tok = load_tokenizer(resolve_encoder("minilm"))
-    torch.manual_seed(0)
-    base = tmp_path / "base"
-    AutoModel.from_config(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=64)).save_pretrained(base)
-    tok.save_pretrained(base)
+    base = tiny_bert_base(tmp_path / "base")
     data = str(scored / "ranker.jsonl")
     agreement = {}
     for weight in (0.0, 1.0):

@@ -53,6 +53,17 @@ def prepare_decoder(encoder) -> None:
             module.is_causal = False
 
 
+def layer_list(encoder):
+    """The encoder's stack of transformer layers: the ModuleList as long as ``config.num_hidden_layers``."""
+    from torch import nn
+
+    n = getattr(encoder.config, "num_hidden_layers", None)
+    for module in encoder.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == n:
+            return module
+    raise ValueError(f"{encoder.config.model_type} encoder: no layer list of {n} layers found to cut")
+
+
 def smollm2_dir() -> Path:
     """Where the dequantized SmolLM2 backbone lives (``EFFRAG_BACKBONES`` or ``~/.cache/effrag/backbones``)."""
     root = Path(os.environ.get("EFFRAG_BACKBONES", Path.home() / ".cache" / "effrag" / "backbones"))

@@ -37,7 +37,7 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from ..integrity import CorruptFileError, record_files, short_error, verify_files
-from .backbones import bidirectional_mask, is_decoder_backbone, prepare_decoder
+from .backbones import bidirectional_mask, is_decoder_backbone, layer_list, prepare_decoder
 from .encoders import ENCODER_ALIASES, resolve_encoder  # noqa: F401 (re-exported)
 from .model_files import (CONFIG_NAME, HEADS_NAME, REDOWNLOAD, check_config_fits_weights,  # noqa: F401 (re-exported)
                           check_finite, check_tokenizer_files, load_encoder_config, read_effrag_config,
@@ -253,7 +253,7 @@ class EncoderWithHeads(nn.Module):
     def keep_first_layers(self, n: int) -> None:
         """Cut the encoder to its first ``n`` transformer layers (a smaller, faster student: a 2-layer MiniLM reads a
         pair in a third of the 6-layer time). The embeddings and heads are kept; training then adapts them."""
-        layers = _layer_list(self.encoder)
+        layers = layer_list(self.encoder)
         if not 1 <= n <= len(layers):
             raise ValueError(f"num_layers must be between 1 and {len(layers)} (the encoder's layers), got {n}")
         del layers[n:]
@@ -405,15 +405,6 @@ def _set_dropout(config, attention: float | None, hidden: float | None) -> None:
             raise ValueError(f"{config.model_type} config has none of {names} to set dropout on")
         for n in hit:
             setattr(config, n, float(value))
-
-
-def _layer_list(encoder) -> nn.ModuleList:
-    """The encoder's stack of transformer layers: the ModuleList as long as ``config.num_hidden_layers``."""
-    n = getattr(encoder.config, "num_hidden_layers", None)
-    for module in encoder.modules():
-        if isinstance(module, nn.ModuleList) and len(module) == n:
-            return module
-    raise ValueError(f"{encoder.config.model_type} encoder: no layer list of {n} layers found to cut")
 
 
 def _accepted_inputs(encoder) -> set[str]:

@@ -181,7 +181,7 @@ def standard_error(values: Sequence[float]) -> float:
 def crossfit(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[int] = (7, 10), k: int = 5,
              seed: int = 0, caps: Sequence[int] = CAPS, exclude: Iterable[str] = (),
              floors: Mapping | None = None, margin: float | str = 0.0,
-             ranker_factors: Mapping[str, float] | None = None) -> dict[str, Any]:
+             ranker_factors: Mapping[str, float | Mapping[str, float]] | None = None) -> dict[str, Any]:
     """Cross-fitted recall of the tuning protocol at each budget, and the held-out curve of the chosen configs.
 
     ``rows_by_dataset``: one tuning folder's rows per dataset (one dataset = per-dataset configs; several =
@@ -191,7 +191,8 @@ def crossfit(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[in
     each fold's config was chosen on the other folds (of every dataset). ``forwards`` is the held-out
     questions' mean reading cost, [Labeler pairs, ranker pairs, Filter inputs]. ``floors`` and ``margin``: the
     cheapest-that-keeps-the-bar rule of :func:`_best`, each fold's floors on its own choosing questions.
-    ``ranker_factors``: per dataset, a ranker read's cost against a Labeler read (default 1).
+    ``ranker_factors``: per dataset, a ranker read's cost against a Labeler read, or one per ranker folder a row's
+    config names (:func:`ranker_factor_of`; default 1).
     """
     cands = {d: Candidates(rows, caps, (ranker_factors or {}).get(d, 1.0)) for d, rows in rows_by_dataset.items()}
     skip = set(exclude)
@@ -222,7 +223,8 @@ def crossfit(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[in
 
 def choose(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[int] = (7, 10),
            caps: Sequence[int] = CAPS, exclude: Iterable[str] = (), floors: Mapping | None = None,
-           margin: float | str = 0.0, ranker_factors: Mapping[str, float] | None = None) -> dict[str, Any]:
+           margin: float | str = 0.0,
+           ranker_factors: Mapping[str, float | Mapping[str, float]] | None = None) -> dict[str, Any]:
     """The config chosen on every question but ``exclude`` (to ship), with its in-sample recall (not held out)."""
     cands = {d: Candidates(rows, caps, (ranker_factors or {}).get(d, 1.0)) for d, rows in rows_by_dataset.items()}
     skip = set(exclude)

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from .crossfit import choose, crossfit, ranker_factor_of
+from .crossfit import choose, config_key, crossfit, ranker_factor_of
 from .loop_cost import cost_point, read_cost
 
 
@@ -52,7 +52,8 @@ def _describe(res: Mapping[str, Any], dataset: str) -> dict[str, Any]:
 
 def write_loop_configs(tunes: Mapping[str, str | Path | list], system: str | Path, *, budgets: Sequence[int] = (7, 10),
                        k: int = 5, seed: int = 0, exclude: Iterable[str] = (), floors: Mapping | None = None,
-                       margin: float | str = 0.0, ranker_factors: Mapping[str, float] | None = None) -> dict[str, Any]:
+                       margin: float | str = 0.0,
+                       ranker_factors: Mapping[str, float | Mapping[str, float]] | None = None) -> dict[str, Any]:
     """Choose and write ``loop-<dataset>.json`` and ``loop.json`` into ``system``; returns every figure.
 
     ``exclude``: question ids that choose nothing and are scored in no fold (the quickstart's bundled
@@ -97,8 +98,6 @@ def write_loop_configs(tunes: Mapping[str, str | Path | list], system: str | Pat
 def _setup_of(rows: list[dict], config: Mapping[str, Any]) -> dict:
     """The setup of the tuning folder the chosen config's row came from (rows of several rankers carry each its own
     ranker and model fingerprints)."""
-    from .crossfit import config_key
-
     key = config_key(config)
     return next((r["setup"] for r in rows if config_key(r["config"]) == key), rows[0]["setup"])
 
@@ -146,5 +145,6 @@ def cost_curve(rows: list[dict], *, k: int = 5, seed: int = 0, exclude=(), budge
         at = {cap: rec for cap, rec, _ in res["curve"]}
         point = json.loads(key)
         out.append({"point": point, "recall": {c: at[c] for c in shown}, "reads": res["forwards"],
-                    "read_cost": read_cost(point, res["forwards"], ranker_factor_of(point, ranker_factor)), "n": res["n"], "configs": len(members)})
+                    "read_cost": read_cost(point, res["forwards"], ranker_factor_of(point, ranker_factor)),
+                    "n": res["n"], "configs": len(members)})
     return sorted(out, key=lambda r: -r["read_cost"])

@@ -2,7 +2,8 @@
 
 ``effrag eval`` scores a method against a dataset file's gold passages; a user with their own documents
 has an index (``effrag index build --corpus my_docs/ --retriever bm25 --output idx``) and a question. This
-prints the ranked chunks (rank, score, title, the text's start), or one JSON object per question with
+prints the ranked chunks (rank, the score the ranking used, EfficientRAG's p(<Continue>) under its own
+name, title, the text's start), or one JSON object per question with
 ``--json``, and an answer with ``--llm SPEC`` or ``--reader DIR|NAME``::
 
     effrag retrieve --index idx "Which person went into space later, Sigmund Jähn or Christer Fuglesang?"
@@ -87,21 +88,37 @@ def _method_options(cls, args) -> dict[str, Any]:
     return opts
 
 
-def _row(result) -> dict[str, Any]:
-    row: dict[str, Any] = {"question": result.question,
-                           "chunks": [{"rank": i, "id": c.id, "score": round(float(c.score), 6), "title": c.title,
-                                       "text": c.text} for i, c in enumerate(result.chunks, start=1)]}
+def _row(result, score_name: str = "score") -> dict[str, Any]:
+    """One question's JSON row. ``score`` is what the ranking sorted by (a chunk's ``order_score`` where the method
+    orders by one, e.g. EfficientRAG's ranker logit with its bonuses); the method's own chunk score, when that is
+    another value, follows under its name (``score_name``, e.g. EfficientRAG's ``p_continue``)."""
+    chunks = []
+    for i, c in enumerate(result.chunks, start=1):
+        chunk: dict[str, Any] = {"rank": i, "id": c.id}
+        if c.order_score is not None:
+            chunk["score"] = round(float(c.order_score), 6)
+            if score_name != "score":
+                chunk[score_name] = round(float(c.score), 6)
+        else:
+            chunk["score"] = round(float(c.score), 6)
+        chunks.append({**chunk, "title": c.title, "text": c.text})
+    row: dict[str, Any] = {"question": result.question, "chunks": chunks}
     if result.answer is not None:
         row["answer"] = result.answer
     return row
 
 
-def _text(row: dict[str, Any]) -> str:
-    lines = [f"question: {row['question']}"]
+def _text(row: dict[str, Any], score_name: str = "score") -> str:
+    """The text form: rank, the ranking's score (and the method's own chunk score where it differs), title and
+    the text's start."""
+    own = score_name != "score" and any(score_name in c for c in row["chunks"])
+    lines = [f"question: {row['question']}",
+             f"{'rank':>4}  {'score':>8}" + (f"  {score_name:>10}" if own else "") + "  title: text"]
     for c in row["chunks"]:
         text = " ".join(c["text"].split())
         snippet = text if len(text) <= SNIPPET_CHARS else text[:SNIPPET_CHARS - 1].rstrip() + "…"
-        lines.append(f"{c['rank']:>3}  {c['score']:8.4f}  {c['title'] or '(no title)'}: {snippet}")
+        extra = f"  {c[score_name]:10.4f}" if own else ""
+        lines.append(f"{c['rank']:>4}  {c['score']:8.4f}{extra}  {c['title'] or '(no title)'}: {snippet}")
     if not row["chunks"]:
         lines.append("  (no chunks)")
     if "answer" in row:
@@ -120,7 +137,8 @@ def _cmd_retrieve(args) -> None:
     pipeline = build_pipeline(args.method, retriever, **opts)
     for start in range(0, len(questions), BATCH):
         for result in pipeline.run_batch(questions[start:start + BATCH]):
-            row = _row(result)
-            print(json.dumps(row, ensure_ascii=False) if args.json else _text(row) + "\n", flush=True)
+            row = _row(result, cls.chunk_score_name)
+            print(json.dumps(row, ensure_ascii=False) if args.json else _text(row, cls.chunk_score_name) + "\n",
+                  flush=True)
     if not args.json:
         print(f"({len(questions)} question(s), method {pipeline.name}, index {args.index})", file=sys.stderr)

@@ -113,15 +113,20 @@ def test_retrieve_with_the_shipped_efficientrag_over_a_folder_index(bm25_index, 
     code, out, err = run(["retrieve", "--index", bm25_index, q], capsys)
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0] == f"question: {q}"
-    ranked = [line.split(None, 2) for line in lines[1:] if line.strip()]
+    assert lines[0] == f"question: {q}" and lines[1].split() == ["rank", "score", "p_continue", "title:", "text"]
+    ranked = [line.split(None, 3) for line in lines[2:] if line.strip()]
     assert [int(r[0]) for r in ranked] == list(range(1, len(ranked) + 1)) and ranked
-    assert any("Christer Fuglesang" in r[2] for r in ranked) and "space (part" in out
+    assert any("Christer Fuglesang" in r[3] for r in ranked) and "space (part" in out
+    shown = [float(r[1]) for r in ranked]
+    assert shown == sorted(shown, reverse=True)  # the score column is the one the ranking sorted by
+    assert all(0.0 <= float(r[2]) <= 1.0 for r in ranked)  # p(<Continue>), a probability, under its own name
     code, out, err = run(["retrieve", "--index", bm25_index, "--json", q, "Where does the Danube end?"], capsys)
     assert code == 0, err
     rows = [json.loads(line) for line in out.splitlines()]
     assert [r["question"] for r in rows] == [q, "Where does the Danube end?"]
-    assert all({"rank", "id", "score", "title", "text"} <= set(c) for r in rows for c in r["chunks"])
+    assert all({"rank", "id", "score", "p_continue", "title", "text"} <= set(c) for r in rows for c in r["chunks"])
+    assert all([c["score"] for c in r["chunks"]] == sorted((c["score"] for c in r["chunks"]), reverse=True)
+               for r in rows)
     assert "answer" not in rows[0]
 
 
@@ -133,6 +138,7 @@ def test_retrieve_direct_r_questions_file_and_one_line_errors(bm25_index, tmp_pa
     assert code == 0, err
     rows = [json.loads(line) for line in out.splitlines()]
     assert len(rows) == 2 and all(1 <= len(r["chunks"]) <= 2 for r in rows)  # BM25 returns words that match
+    assert all("p_continue" not in c for r in rows for c in r["chunks"])  # one score: the retriever's
     assert rows[0]["chunks"][0]["title"] == "rivers (part 2)" and "Black Sea" in rows[0]["chunks"][0]["text"]
     assert rows[1]["chunks"][0]["title"] == "rivers (part 1)"
     for argv, message in [([], "no question: give one or more questions, or --questions FILE"),

@@ -44,14 +44,16 @@ def rank_pool(s: Any, cfg: EfficientRAGConfig) -> Result:
         if cfg.link_weight or cfg.backlink_weight:
             scores = _with_links(s, s.pool + s.rejected, scores, cfg)
         pool_key = extra_key = lambda c: (-scores[c.id], c.hop)  # noqa: E731
+        order = scores
     elif cfg.pool_order in ("fused", "fused_logit"):
         conf = (lambda p: p) if cfg.pool_order == "fused" else _logit  # how a p(<Continue>) enters the sum
         later = lambda c: (cfg.requery_weight * requery.get(c.id, 0.0)  # noqa: E731
                            + (cfg.relabel_weight * conf(s.relabels[c.id]) if c.id in s.relabels else 0.0))
-        pool_key = extra_key = lambda c: (-(conf(c.score) + cfg.retrieval_weight * c.retrieval_score + later(c)),
-                                          c.hop)
+        order = {c.id: conf(c.score) + cfg.retrieval_weight * c.retrieval_score + later(c) for c in s.pool + s.rejected}
+        pool_key = extra_key = lambda c: (-order[c.id], c.hop)  # noqa: E731
     else:
         pool_key, extra_key = (lambda c: (c.hop, -c.score)), (lambda c: (-c.score, c.hop))
+        order = {}
     if cfg.pool_source == "seen":  # one ranking of every labeled chunk; rejected ones flagged
         pool = sorted(s.pool + [replace(c, fallback=True) for c in s.rejected], key=extra_key)
     else:
@@ -61,6 +63,8 @@ def rank_pool(s: Any, cfg: EfficientRAGConfig) -> Result:
         pool += [replace(c, fallback=True) for c in extra]
     if cfg.max_candidates is not None:
         pool = pool[: cfg.max_candidates]
+    if order:  # what the order sorted by, for a reader of the result (the retrieve CLI's score column)
+        pool = [replace(c, order_score=float(order[c.id])) for c in pool]
     timing = {k: s.timing.get(k, 0.0) for k in ("retrieval", "labeler", "filter", "other")}
     timing["total"] = sum(timing.values())
     extra = {"requery_scores": {c.id: requery[c.id] for c in pool if c.id in requery}} if cfg.requery_weight else {}

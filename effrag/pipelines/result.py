@@ -30,7 +30,9 @@ class Chunk:
     Labeler kept (empty for other methods); ``fallback`` marks a chunk a method added without
     selecting it (EfficientRAG's ``min_candidates`` top-up, or a <Terminate> chunk of a ``seen`` pool).
     ``retrieval_rank`` is the chunk's 0-based rank in its query's hits and ``rank_score`` the pool ranker's
-    relevance logit (EfficientRAG with a ranker; None where a method has none).
+    relevance logit (EfficientRAG with a ranker; None where a method has none). ``order_score`` is the value the
+    method's final order sorted by when that is not ``score`` (EfficientRAG's ``rank`` and ``fused`` pool orders:
+    the ranker logit with its retrieval, link and requery terms; None where ``score`` itself decides the order).
     """
 
     id: str
@@ -44,6 +46,7 @@ class Chunk:
     fallback: bool = False
     retrieval_rank: int | None = None
     rank_score: float | None = None
+    order_score: float | None = None
 
     @property
     def kept_text(self) -> str:

@@ -298,6 +298,8 @@ def _cmd_eval(args) -> None:
     # a method whose depth lives in its own config (EfficientRAG's hop_k in --er-config) keeps it unless --k is given
     k = max(ks) if args.k or not getattr(cls, "k_in_config", False) else None
     pipeline = build_pipeline(args.method, retriever, k=k, **method_opts, **llm_opts)
+    if getattr(pipeline, "config_source", None):  # e.g. EfficientRAG's loop-<dataset>.json for these questions
+        print(f"effrag: {pipeline.name} loop config: {pipeline.config_source}", file=sys.stderr)
     out = Path(args.output)
     if args.overwrite and out.exists():
         shutil.rmtree(out)

@@ -155,10 +155,12 @@ def _recorded_k(values: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]
     option was given): otherwise the replay leaves ``--k`` out too, as the run did."""
     from effrag.pipelines import get_pipeline_class
 
-    if not getattr(get_pipeline_class(values.get("method") or "direct-r"), "k_in_config", False):
+    cls = get_pipeline_class(values.get("method") or "direct-r")
+    if not getattr(cls, "k_in_config", False):
         return later
-    depth = (values.get("method_config") or {}).get("hop_k")
-    given = (values.get("method_options") or {}).get("hop_k") is not None
+    option = getattr(cls, "depth_option", "k")
+    depth = (values.get("method_config") or {}).get(option)
+    given = any((values.get("method_options") or {}).get(o) is not None for o in (option, f"{cls.name}_{option}"))
     if depth is None or given or depth == max(later["k"]):
         return later
     return {d: v for d, v in later.items() if d != "k"}

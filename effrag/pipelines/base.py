@@ -62,7 +62,9 @@ class Pipeline:
 
     ``uses_system``: the method loads a trained system, named by a folder or a shipped name
     (:meth:`system_options`, ``effrag retrieve --model``); ``k_in_config``: its retrieval depth comes from its
-    own config unless a caller gives ``k`` (no default ``k`` is passed to it).
+    own config unless a caller gives ``k`` (no default ``k`` is passed to it), the config field ``depth_option``. ``chunk_score_name``: what a
+    chunk's ``score`` is when the method orders by another value (``Chunk.order_score``), for front ends that
+    print both.
     """
 
     name = "pipeline"
@@ -73,6 +75,8 @@ class Pipeline:
     uses_reader = False
     uses_system = False
     k_in_config = False
+    depth_option = "k"
+    chunk_score_name = "score"
     call_options: frozenset[str] = frozenset()
 
     def run(self, question: str) -> Result:

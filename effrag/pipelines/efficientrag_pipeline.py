@@ -76,15 +76,20 @@ class EfficientRAGPipeline(Pipeline):
     """
 
     k_in_config = True
+    depth_option = "hop_k"
+    chunk_score_name = "p_continue"  # the Labeler's tag probability; the pool orders by Chunk.order_score
     call_options = frozenset(f.name for f in fields(EfficientRAGConfig))  # the loop's settings, per call
     uses_generator = True
     uses_system = True
+    uses_dataset = True  # a system's loop-<dataset>.json for questions of that dataset (effrag eval)
 
     def __init__(self, retriever, labeler=None, filter=None, config=None, generator=None,
                  k: int | None = None, er_config: str | None = None, er_batch_size: int | None = None,
-                 er_bf16: bool | None = None, ranker=None, model=None, **options: Any):
+                 er_bf16: bool | None = None, ranker=None, model=None, dataset: str | None = None, **options: Any):
         named = ranker is not None
-        labeler, filter, ranker, config = self._resolve(model, labeler, filter, ranker, config or er_config)
+        labeler, filter, ranker, config = self._resolve(model, labeler, filter, ranker, config or er_config, dataset)
+        # which loop config file ran (None: options given in code), for a front end to say so
+        self.config_source = str(config) if isinstance(config, (str, Path)) else None
         config = self._config(config, k, er_batch_size, er_bf16, **options)
         if not named and config.pool_order != "rank" and config.labeler_top is None:
             ranker = None  # a system's own ranker only reads when the config ranks by it
@@ -148,12 +153,13 @@ class EfficientRAGPipeline(Pipeline):
         return {"labeler": system.labeler, "filter": system.filter, "ranker": system.ranker, "er_config": config}
 
     @staticmethod
-    def _resolve(model, labeler, filter, ranker, config):
-        """``(labeler, filter, ranker, config)``: from the system ``model`` when no checkpoint is named."""
+    def _resolve(model, labeler, filter, ranker, config, dataset: str | None = None):
+        """``(labeler, filter, ranker, config)``: from the system ``model`` when no checkpoint is named (its
+        ``loop-<dataset>.json`` when it has one for ``dataset``, else its ``loop.json``)."""
         from .efficientrag_system import DEFAULT_SYSTEM, open_system
 
         if labeler is None and filter is None:
-            system = open_system(model or DEFAULT_SYSTEM, config if isinstance(config, (str, Path)) else None)
+            system = open_system(model or DEFAULT_SYSTEM, config if isinstance(config, (str, Path)) else None, dataset)
             return system.labeler, system.filter, ranker or system.ranker, config or system.config
         if model is not None:
             raise ValueError("give --model (a system) or --labeler/--filter (checkpoints), not both")
@@ -170,8 +176,8 @@ class EfficientRAGPipeline(Pipeline):
 
     @classmethod
     def check_options(cls, labeler=None, filter=None, config=None, k=None, er_config=None, er_batch_size=None,
-                      er_bf16=None, ranker=None, model=None, **options: Any) -> None:
-        _, _, ranker, config = cls._resolve(model, labeler, filter, ranker, config or er_config)
+                      er_bf16=None, ranker=None, model=None, dataset=None, **options: Any) -> None:
+        _, _, ranker, config = cls._resolve(model, labeler, filter, ranker, config or er_config, dataset)
         if cls._config(config, k, er_batch_size, er_bf16, **options).labeler_top is not None and ranker is None:
             raise ValueError("labeler_top needs a pool ranker (--ranker DIR, or a system folder with ranker/)")
 

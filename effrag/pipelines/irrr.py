@@ -55,6 +55,9 @@ class IRRRConfig:
     bf16: bool = False
 
 
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
     def __post_init__(self) -> None:
         for name in ("k", "max_path", "max_query_words", "max_answer_tokens", "batch_size", "first_k", "return_k"):
             value = getattr(self, name)
@@ -154,18 +157,23 @@ class IRRRRunner:
 
 
 def read_irrr_config(path: str | Path | None) -> dict[str, Any]:
-    """The IRRR loop options in ``path`` (a JSON object of :class:`IRRRConfig` fields: a tuner's ``best.json``,
-    :mod:`effrag.tuning.irrr`); None gives none. Unknown fields fail when the pipeline is built, naming them."""
+    """The IRRR loop options in ``path``: a JSON object of :class:`IRRRConfig` fields (a tuner's ``best.json``,
+    :mod:`effrag.tuning.irrr`) or a model folder's ``irrr.json``, which holds them under ``"config"`` beside how
+    they were chosen; None gives none. Unknown fields fail when the pipeline is built, naming them."""
     import json
 
     if path is None:
         return {}
     try:
-        config = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        config = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: cannot read a JSON object ({e})") from None
     if not isinstance(config, dict):
         raise ValueError(f"{path}: expected a JSON object of IRRR options, got {type(config).__name__}")
+    if "config" in config:  # irrr.json: the options and their provenance
+        config = config["config"]
+        if not isinstance(config, dict):
+            raise ValueError(f"{path}: \"config\" is not a JSON object of IRRR options")
     return config
 
 
@@ -205,38 +213,58 @@ def outcome(steps: list[dict], return_k: int | None = None, fill_order: str = "r
 
 
 DEFAULT_MODEL = "irrr-all"  # the shipped IRRR model (effrag.pretrained)
+CONFIG_NAME = "irrr.json"  # a model folder's chosen loop options (scripts/irrr_report.py writes it)
+
+
+def folder_config(path: str | Path) -> dict[str, Any]:
+    """The loop options a model folder carries in ``irrr.json`` (the cross-fitted choice of
+    ``scripts/irrr_report.py``, :func:`read_irrr_config`); empty when the folder has none (the paper's loop)."""
+    f = Path(path) / CONFIG_NAME
+    if not f.is_file():
+        return {}
+    config = read_irrr_config(f)
+    unknown = sorted(set(config) - set(IRRRConfig.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"{f}: unknown IRRR option(s) {unknown}; known: {sorted(IRRRConfig.__dataclass_fields__)}")
+    return config
 
 
 @register_pipeline("irrr")
 class IRRRPipeline(Pipeline):
     """IRRR as an ``effrag eval`` method: ``--irrr-model DIR|NAME`` (default the shipped ``irrr-all``) plus the
-    loop options.
+    loop options. A model folder's ``irrr.json`` (:func:`folder_config`) gives the options a ``config`` does not;
+    keyword options override either.
 
     IRRR answers with its own reader; a ``generator`` (``--reader DIR`` or ``--llm``) answers its
     returned paragraphs instead, so it compares with other methods on the same reader.
     """
 
     uses_generator = True
+    k_in_config = True  # candidates per step: the model's irrr.json (or the paper's 5) unless --k is given
+    depth_option = "k"
 
     def __init__(self, retriever, irrr_model=DEFAULT_MODEL, k: int | None = None,
                  config: IRRRConfig | dict | None = None, generator: Any = None, **options: Any):
         from ..models import HEADS_NAME, IRRRModel
         from ..pretrained import resolve_model
 
-        base = asdict(config) if isinstance(config, IRRRConfig) else dict(config or {})
-        base.update({key.removeprefix("irrr_"): v for key, v in options.items() if v is not None})
-        if k is not None and "k" not in base:
-            base["k"] = k
-        unknown = set(base) - set(IRRRConfig.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"unknown IRRR option(s) {sorted(unknown)}; known: {sorted(IRRRConfig.__dataclass_fields__)}")
+        path = None
         if not isinstance(irrr_model, torch.nn.Module):
             path = resolve_model(irrr_model or DEFAULT_MODEL)
             if not (path / HEADS_NAME).is_file():
                 raise FileNotFoundError(f"IRRR checkpoint {path}: no {HEADS_NAME} there (train one with "
                                         "`python scripts/train_models.py --models irrr --name all --processes 2`)")
-            irrr_model = IRRRModel.from_pretrained(path)
-        model = irrr_model
+        if isinstance(config, IRRRConfig):
+            base = asdict(config)
+        else:
+            base = dict(config) if config is not None else (folder_config(path) if path is not None else {})
+        base.update({key.removeprefix("irrr_"): v for key, v in options.items() if v is not None})
+        if k is not None:  # given by the caller (k_in_config: effrag eval passes --k only when it is given)
+            base["k"] = k
+        unknown = set(base) - set(IRRRConfig.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown IRRR option(s) {sorted(unknown)}; known: {sorted(IRRRConfig.__dataclass_fields__)}")
+        model = IRRRModel.from_pretrained(path) if path is not None else irrr_model
         self.config = IRRRConfig(**base)
         self.runner = IRRRRunner(model, retriever, self.config)
         self.generator = generator

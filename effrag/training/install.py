@@ -295,7 +295,7 @@ def export_checkpoint(kind: str, src: Path, dst: Path) -> dict:
     if dst.exists():
         shutil.rmtree(dst)
     model.save_pretrained(dst, compact=True)
-    for name in ("README.md", "metrics.json"):
+    for name in ("README.md", "metrics.json", "irrr.json"):  # irrr.json: the loop options chosen for the model
         if (src / name).is_file():
             shutil.copy(src / name, dst / ("TRAINING.md" if name == "README.md" else name))
     info = portable({"source": str(src), "source_sha256": {WEIGHTS_NAME: file_sha256(src / WEIGHTS_NAME)},

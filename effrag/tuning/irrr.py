@@ -131,3 +131,27 @@ def tune_irrr(model, data: str | Path, output: str | Path, *, datasets: Sequence
         f"k={k}, max_path={max_path}, return_k={return_k}. Best first.\n\n"
         + md_table(head, [[str(c) for c in row] for row in table]))
     return {"grid": grid, "ranked": ranked, "best": best, "config": cfg}
+
+
+def crossfit_rows(runs: dict[tuple, dict[str, list[dict]]], answer_thresholds: Sequence[float],
+                  fill_orders: Sequence[str], return_k: int, *, k: int, max_path: int) -> dict[str, list[dict]]:
+    """The grid replayed as cross-fitting rows (:class:`effrag.tuning.crossfit.Candidates`), per dataset: each
+    config (the IRRR options a model folder's ``irrr.json`` holds) with every question's ``[qid, gold count, [1-based
+    positions of the gold in the returned paragraphs], paragraphs returned, [paragraphs read, 0, 0]]``, so the
+    returned list cut at any budget scores on any fold, as EfficientRAG's pool is. The rows' ``max_candidates`` is
+    ``return_k``: a budget above it scores the same paragraphs."""
+    out: dict[str, list[dict]] = {}
+    for (qt, fk), by_ds in runs.items():
+        for at in answer_thresholds:
+            for fo in fill_orders:
+                config = {"k": k, "first_k": fk, "max_path": max_path, "query_threshold": qt, "answer_threshold": at,
+                          "return_k": return_k, "fill_order": fo, "max_candidates": return_k}
+                for ds, rows in by_ds.items():
+                    per_q = []
+                    for r in rows:
+                        _, ids, _, read = replay(r["steps"], at, return_k, fo)
+                        want = set(r["gold"])
+                        per_q.append([r["qid"], len(want), [i for i, c in enumerate(ids, start=1) if c in want],
+                                      len(ids), [read, 0, 0]])
+                    out.setdefault(ds, []).append({"config": config, "per_question": per_q})
+    return out

@@ -296,15 +296,16 @@ def test_eval_opens_a_system_and_its_configs_retriever_unless_told_otherwise(tin
             "--corpus-from", dev, "--cache-dir", str(tmp_path / "idx")]
     assert main([*base, "--output", str(tmp_path / "a")]) == 0
     cfg = json.loads((tmp_path / "a" / "config.json").read_text())["run"]
-    assert cfg["retriever"] == "bm25" and cfg["method_config"]["max_candidates"] == 5  # loop.json and its retriever
+    # HotpotQA questions: the system's loop-hotpotqa.json, and its retriever
+    assert cfg["retriever"] == "bm25" and cfg["method_config"]["max_candidates"] == 4
     rows = [json.loads(x) for x in (tmp_path / "a" / "predictions.jsonl").read_text().splitlines()]
-    assert all(len(r["retrieved"]) <= 5 for r in rows)
+    assert all(len(r["retrieved"]) <= 4 for r in rows)
     assert all(c.get("rank_score") is not None for r in rows for h in r["trace"]["hops"] for c in h["chunks"])
     assert main([*base, "--retriever", "dense", "--output", str(tmp_path / "b")]) == 0  # told otherwise
     assert json.loads((tmp_path / "b" / "config.json").read_text())["run"]["retriever"] == "dense"
-    assert main([*base, "--er-config", str(system / "loop-hotpotqa.json"), "--output", str(tmp_path / "c")]) == 0
+    assert main([*base, "--er-config", str(system / "loop.json"), "--output", str(tmp_path / "c")]) == 0
     cfg = json.loads((tmp_path / "c" / "config.json").read_text())["run"]
-    assert cfg["retriever"] == "bm25" and cfg["method_config"]["max_candidates"] == 4
+    assert cfg["retriever"] == "bm25" and cfg["method_config"]["max_candidates"] == 5  # the general one, when named
 
 
 def test_from_pretrained_opens_a_system_over_a_corpus(tiny_efficientrag_dirs, tmp_path, hotpot):

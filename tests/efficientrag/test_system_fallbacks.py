@@ -78,3 +78,22 @@ def test_a_loop_config_reads_with_the_ranker_folder_it_names(tiny_efficientrag_d
         code, _, err = _eval(system, tmp_path, capsys, "--er-config", system / "loop-hotpotqa.json")
         lines = [x for x in err.splitlines() if x.strip() and "Loading weights" not in x]
         assert code == 2 and len(lines) == 1 and message in lines[0], err
+
+
+def test_eval_runs_the_systems_config_for_the_questions_dataset(tiny_efficientrag_dirs, tmp_path, capsys):
+    """``effrag eval --model DIR`` on HotpotQA questions runs the system's loop-hotpotqa.json (what its tables report
+    for HotpotQA), says which file on stderr, and records its options; --er-config still chooses any file."""
+    system = _system(tiny_efficientrag_dirs, tmp_path / "sys", {"config": {"hop_k": 3, "max_hops": 2},
+                                                                 "retriever": "bm25"})
+    (system / "loop-hotpotqa.json").write_text(json.dumps({"config": {"hop_k": 2, "max_hops": 1},
+                                                           "retriever": "bm25"}))
+    code, _, err = _eval(system, tmp_path, capsys)
+    assert code == 0, err
+    assert f"effrag: efficientrag loop config: {system / 'loop-hotpotqa.json'}" in err
+    recorded = json.loads((tmp_path / "out" / "config.json").read_text())["run"]["method_config"]
+    assert (recorded["hop_k"], recorded["max_hops"]) == (2, 1)
+    code, _, err = _eval(system, tmp_path, capsys, "--er-config", system / "loop.json", "--overwrite")
+    assert code == 0, err
+    assert f"effrag: efficientrag loop config: {system / 'loop.json'}" in err
+    recorded = json.loads((tmp_path / "out" / "config.json").read_text())["run"]["method_config"]
+    assert (recorded["hop_k"], recorded["max_hops"]) == (3, 2)

@@ -267,3 +267,56 @@ def test_irrr_config_file_configures_the_loop(electra, sample_corpus, tmp_path):
     with pytest.raises(ValueError, match="unknown IRRR option"):
         IRRRPipeline(BM25Retriever(sample_corpus, show_progress=False), irrr_model=rigged_irrr(electra, NOANSWER),
                      config=read_irrr_config(best))
+
+
+def test_a_model_folders_irrr_json_sets_the_loop_and_a_given_k_wins(electra, sample_corpus, tmp_path):
+    """The shipped model's chosen options travel in its folder (irrr.json, scripts/irrr_report.py): a run that names
+    the folder gets them, an explicit k or option overrides them, a damaged file is one error naming it."""
+    rigged_irrr(electra, NOANSWER).save_pretrained(tmp_path / "m")
+    bm25 = BM25Retriever(sample_corpus, show_progress=False)
+    assert IRRRPipeline(bm25, irrr_model=str(tmp_path / "m")).config == IRRRConfig()  # no file: the paper's loop
+    chosen = {"k": 3, "first_k": 6, "max_path": 2, "query_threshold": 0.15, "answer_threshold": 99.0,
+              "return_k": 7, "fill_order": "retrieval"}
+    (tmp_path / "m" / "irrr.json").write_text(json.dumps({"config": chosen, "chosen_on": {"n": {"hotpotqa": 5}}}))
+    p = IRRRPipeline(bm25, irrr_model=str(tmp_path / "m"))
+    assert {key: getattr(p.config, key) for key in chosen} == chosen
+    result = p.run("Who directed the film?")
+    assert len(result.chunks) <= 7 and result.iterations == 2  # never answerable: the path grows to max_path
+    assert len(result.hops[0]["candidates"]) == 6  # the first step read first_k
+    p = IRRRPipeline(bm25, irrr_model=str(tmp_path / "m"), k=2, irrr_return_k=4)
+    assert (p.config.k, p.config.return_k, p.config.first_k) == (2, 4, 6)
+    (tmp_path / "m" / "irrr.json").write_text(json.dumps({"config": {**chosen, "stop_at": 3}}))
+    with pytest.raises(ValueError, match=r"irrr\.json: unknown IRRR option\(s\) \['stop_at'\]"):
+        IRRRPipeline(bm25, irrr_model=str(tmp_path / "m"))
+    (tmp_path / "m" / "irrr.json").write_bytes(b'{"config": {"k": 3,')  # torn by a crash mid-write
+    with pytest.raises(ValueError, match=r"irrr\.json: cannot read a JSON object"):
+        IRRRPipeline(bm25, irrr_model=str(tmp_path / "m"))
+
+
+def test_irrr_crossfit_rows_score_the_replayed_paragraphs_at_every_cut():
+    """effrag.tuning.irrr.crossfit_rows: each replayed config's returned paragraphs become the positions that
+    effrag.tuning.crossfit cuts at any budget, so IRRR is chosen and scored held out as EfficientRAG is."""
+    from effrag.evaluation.metrics import recall
+    from effrag.tuning.crossfit import crossfit
+    from effrag.tuning.irrr import crossfit_rows, replay
+
+    def steps(gold_first: bool):
+        return [{"candidates": ["g1", "x1", "x2"] if gold_first else ["x1", "x2", "x3"], "rerank": [0.1, 2.0, 1.0],
+                 "appended": "x1", "best": {"id": "x1", "answer": "a", "answerability": -1.0}},
+                {"candidates": ["g2", "x4"], "rerank": [3.0, 0.0], "appended": "g2",
+                 "best": {"id": "g2", "answer": "b", "answerability": 2.0}}]
+
+    rows = [{"qid": f"q{i}", "gold": ["g1", "g2"], "steps": steps(i % 2 == 0)} for i in range(10)]
+    runs = {(0.3, None): {"ds": rows}}
+    out = crossfit_rows(runs, [0.0, 99.0], ["rerank", "retrieval"], 4, k=3, max_path=2)["ds"]
+    assert len(out) == 4 and all(len(r["per_question"]) == 10 for r in out)
+    for r in out:
+        c = r["config"]
+        assert c["max_candidates"] == 4 and c["k"] == 3 and c["max_path"] == 2
+        for pq, row in zip(r["per_question"], rows):
+            _, ids, _, read = replay(row["steps"], c["answer_threshold"], 4, c["fill_order"])
+            assert pq[0] == row["qid"] and pq[1] == 2 and pq[3] == len(ids) and pq[4] == [read, 0, 0]
+            assert len(pq[2]) / 2 == recall(ids, row["gold"])  # every gold returned sits at a listed position
+            assert all(ids[p - 1] in row["gold"] for p in pq[2])
+    held = crossfit({"ds": out}, budgets=(2, 4), k=5)["datasets"]["ds"]
+    assert held["n"] == 10 and 0.0 < held["recall"][4] <= 1.0 and held["recall"][2] <= held["recall"][4]

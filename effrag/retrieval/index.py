@@ -50,9 +50,9 @@ def _check_kind(kind: str) -> None:
 def build_retriever(kind: str, corpus, encoder=None, encoder_path: str | None = None, bf16: bool = False, **opts):
     """A new ``dense``, ``bm25``, ``hybrid`` (dense + bm25, RRF) or ``milvus`` retriever over ``corpus``.
 
-    ``encoder`` is an :class:`Encoder`; otherwise one is made from ``encoder_path``
-    (default all-MiniLM-L6-v2) with ``bf16``. Other options go to the retriever
-    classes (e.g. ``index_type``, ``k1``, ``k_rrf``; ``uri``/``collection`` for milvus);
+    ``encoder`` is an :class:`Encoder`, or a folder or alias (``"e5-small"``: with its prefixes and pooling)
+    to make one from; otherwise one is made from ``encoder_path`` (default all-MiniLM-L6-v2) with ``bf16``.
+    Other options go to the retriever classes (e.g. ``index_type``, ``k1``, ``k_rrf``; ``uri``/``collection`` for milvus);
     unknown ones are an error.
     """
     from .bm25 import BM25Retriever
@@ -64,6 +64,8 @@ def build_retriever(kind: str, corpus, encoder=None, encoder_path: str | None = 
     dense_o, bm25_o, hybrid_o = _split_opts(kind, opts)
     if kind == "bm25":
         return BM25Retriever(corpus, **bm25_o)
+    if isinstance(encoder, (str, Path)):
+        encoder, encoder_path = None, encoder
     encoder = encoder or Encoder(encoder_path, bf16=bf16)
     if kind == "milvus":
         return _build_milvus(corpus, encoder, **opts)

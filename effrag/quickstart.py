@@ -36,6 +36,13 @@ KINDS = ("bm25", "dense", "hybrid")
 CURVE_MAX = 10        # EfficientRAG's pool is scored at 1..10 chunks
 DIRECT_K_MAX = 30     # Direct-R at 1..30
 BARS = {7: 20, 10: 30}  # at most this many chunks -> the Direct-R depth to reach
+CAPTION = ("D-R = Direct-R, the best of BM25, dense and hybrid at that depth; ER = EfficientRAG with at most 7 / "
+           "10 chunks (margin in points); read/q = Labeler + ranker forwards per question. These bundled dev "
+           "questions chose none of the shipped loop configs' final picks (cost point, pool weights) and none of "
+           "the weights; they are in the dev files on which the grid's fixed values (token and filter thresholds, "
+           "labeler_top), the loop structures and the link design were settled, and the selection margin was set "
+           "after a first look at the MuSiQue ones (effrag/pretrained/efficientrag-all/README.md). bf16 and fp32 "
+           "kernels (CPU kinds) can move a cell by one passage, 1.3-1.7 points (docs/reliability.md).")
 # --small: the loop config of the smoke models (the shipped system brings its tuned ones)
 SMALL_CONFIG = {"first_hop_k": 20, "hop_k": 5, "max_hops": 2, "tag_threshold": 0.5, "token_threshold": 0.3,
                 "filter_threshold": 0.3, "query_chunks": 1, "pool_source": "seen", "pool_order": "rank",
@@ -297,43 +304,57 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
-def _report(rows: list[dict], summary: list[dict], wd: Path, console, what: str) -> None:
-    from rich.table import Table
-
-    from effrag.evaluation.report import md_table
-
+def comparison_table(summary: list[dict], what: str) -> dict[str, Any]:
+    """The comparison as ``comparison.md`` has it (``title``, ``caption``, ``columns``, ``rows``: every column) and as
+    the terminal shows it (``short_title``, ``short_columns``, ``short_rows``: fits 80 columns, the questions per
+    dataset in the title)."""
     pct = lambda v: "-" if v is None else f"{100 * v:.1f}"  # noqa: E731
-    body = []
+    body, short_body = [], []
     for s in summary:
-        cells = [s["dataset"], str(s["n"])]
+        cells, short_cells = [s["dataset"], str(s["n"])], [s["dataset"]]
         for chunks, depth in BARS.items():
             cells.append(f"{pct(s[f'direct_r@{depth}'])} {s[f'direct_r@{depth}_retriever']}")
+            short_cells.append(cells[-1])
             margin = s.get(f"bar{chunks}_margin")
-            cells.append(f"{pct(s[f'efficientrag@{chunks}'])} ({100 * margin:+.1f})" if margin is not None else "-")
+            mine = pct(s[f"efficientrag@{chunks}"])
+            cells.append(f"{mine} ({100 * margin:+.1f})" if margin is not None else "-")
+            short_cells.append(f"{mine} {100 * margin:+.1f}" if margin is not None else "-")
         f = s.get("forwards")
         cells.append(f"{f[0]:.0f}+{f[1]:.0f}" if f else "-")
         body.append(cells)
-    short = ["dataset", "n", "D-R@20", "ER<=7", "D-R@30", "ER<=10", "read/q"]
-    cols = ["dataset", "questions", "strongest Direct-R@20 (retriever)", "EfficientRAG <= 7 chunks (vs Direct-R@20)",
-            "strongest Direct-R@30 (retriever)", "EfficientRAG <= 10 chunks (vs Direct-R@30)",
-            "pairs read per question (Labeler + ranker)"]
+        short_body.append(short_cells + [cells[-1]])
     kind = next((s.get("retriever") for s in summary if s.get("retriever")), "?")
     title = f"EfficientRAG ({what}, over {kind}) vs the strongest Direct-R: recall %"
-    caption = ("D-R = Direct-R, the best of BM25, dense and hybrid at that depth; ER = EfficientRAG with at most 7 / "
-               "10 chunks (margin in points); read/q = Labeler + ranker forwards per question. These bundled dev "
-               "questions chose none of the shipped loop configs' final picks (cost point, pool weights) and none of "
-               "the weights; they are in the dev files on which the grid's fixed values (token and filter thresholds, "
-               "labeler_top), the loop structures and the link design were settled, and the selection margin was set "
-               "after a first look at the MuSiQue ones (effrag/pretrained/efficientrag-all/README.md).")
-    table = Table(title=title, caption=caption, width=min(console.width, 100))
-    for c in short:
-        table.add_column(c, justify="left" if c == "dataset" else "right")
-    for cells in body:
+    sizes = "/".join(dict.fromkeys(str(s["n"]) for s in summary))
+    return {"title": title, "caption": CAPTION, "rows": body, "short_rows": short_body,
+            "columns": ["dataset", "questions", "strongest Direct-R@20 (retriever)",
+                        "EfficientRAG <= 7 chunks (vs Direct-R@20)", "strongest Direct-R@30 (retriever)",
+                        "EfficientRAG <= 10 chunks (vs Direct-R@30)", "pairs read per question (Labeler + ranker)"],
+            "short_columns": ["dataset", "D-R@20", "ER<=7", "D-R@30", "ER<=10", "read/q"],
+            "short_title": f"{title}; {sizes} questions per dataset"}
+
+
+def terminal_table(t: dict[str, Any], width: int = 80):
+    """The rich table the quickstart prints (:func:`comparison_table`'s short form), at most ``width`` columns."""
+    from rich.table import Table
+
+    table = Table(title=t["short_title"], caption=t["caption"], width=min(width, 80))
+    for c in t["short_columns"]:
+        table.add_column(c, justify="left" if c == "dataset" else "right", no_wrap=True)
+    for cells in t["short_rows"]:
         table.add_row(*cells)
+    return table
+
+
+def _report(rows: list[dict], summary: list[dict], wd: Path, console, what: str) -> None:
+    from effrag.evaluation.report import md_table
+
+    t = comparison_table(summary, what)
+    table = terminal_table(t, console.width)
     console.print(table)
     (wd / "comparison.json").write_text(json.dumps(rows, indent=2))
     (wd / "summary.json").write_text(json.dumps(summary, indent=2))
-    (wd / "comparison.md").write_text(f"# {title}\n\n{caption}\n\n" + md_table(cols, body))
+    (wd / "comparison.md").write_text(f"# {t['title']}\n\n{t['caption']}\n\n" + md_table(t["columns"], t["rows"]))
     console.print(f"written: {wd / 'comparison.md'}")
     try:
         from effrag.evaluation.plots import write_report_plot

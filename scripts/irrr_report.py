@@ -17,7 +17,7 @@ choice, which ``effrag eval --method irrr`` uses for that model folder.
 
     python scripts/irrr_report.py --irrr checkpoints/irrr-all --data ../shared/data --runs runs/irrr-crossfit \\
         --system checkpoints/irrr-all --output reports/irrr/crossfit
-    python scripts/irrr_report.py --evidence reports/irrr/crossfit/evidence --output /tmp/irrr-table
+    python scripts/irrr_report.py --evidence reports/irrr/crossfit/evidence --output runs/irrr-table
 """
 from __future__ import annotations
 

@@ -65,6 +65,31 @@ def test_quickstart_evaluates_the_shipped_model(tmp_path):
     assert "shipped system efficientrag-all" in (wd / "comparison.md").read_text()
 
 
+def test_the_printed_table_fits_80_columns_one_line_per_dataset():
+    import io
+
+    from rich.console import Console
+
+    from effrag.quickstart import comparison_table, terminal_table
+
+    def item(ds, kind, margin):
+        return {"dataset": ds, "n": 30, "direct_r@20": 0.883, "direct_r@20_retriever": kind, "direct_r@30": 0.933,
+                "direct_r@30_retriever": kind, "efficientrag@7": 0.883 + margin, "efficientrag@10": 0.933 + margin,
+                "bar7_margin": margin, "bar10_margin": margin, "forwards": [4.2, 33.4, 1.1], "retriever": "hybrid"}
+
+    summary = [item("hotpotqa", "bm25", 0.017), item("2wikimqa", "hybrid", 0.075), item("musique", "hybrid", -0.05)]
+    t = comparison_table(summary, "shipped system efficientrag-all")
+    console = Console(width=120, file=io.StringIO(), record=True)
+    console.print(terminal_table(t, console.width))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    for s in summary:  # each dataset on one line, with every figure on it
+        (row,) = [line for line in lines if s["dataset"] in line]
+        assert "88.3 hybrid" in row or "88.3 bm25" in row
+        assert f"{100 * (0.933 + s['bar10_margin']):.1f} {100 * s['bar10_margin']:+.1f}" in row and "4+33" in row
+    assert t["short_title"].endswith("; 30 questions per dataset")
+    assert t["columns"][1] == "questions" and all(r[1] == "30" for r in t["rows"])  # the .md table keeps them
+
 
 def test_the_bundled_dev_questions_chose_no_shipped_loop_config():
     """The caption's claim, checked against what chose the configs: each shipped loop config was chosen on the dev

@@ -307,7 +307,7 @@ def _cmd_eval(args) -> None:
     # the method's checkpoints (EfficientRAG's Labeler/Filter, IRRR): a model retrained at the same path never resumes
     model_files = {key: fp for key, v in method_opts.items()
                    if isinstance(v, (str, Path)) and (fp := model_fingerprint(resolve_model(v))) is not None}
-    config = {"method": pipeline.name, **setup.describe(), **({"model_files": model_files} if model_files else {}),
+    config = {"method": pipeline.name, **setup.identity(), **({"model_files": model_files} if model_files else {}),
               "index_type": args.index_type if kind != "bm25" else None,
               "bf16": args.bf16, "k": ks, "limit": args.limit, "batch_size": args.batch_size,
               "method_options": method_opts, "llm": args.llm, "answer_aliases": answer_aliases,

@@ -270,7 +270,6 @@ class RunSetup:
                 "corpus_fingerprint": self.corpus.fingerprint(), "corpus_size": len(self.corpus),
                 "encoder": encoder_path(self.retriever)}
 
-    describe = identity  # the name runs and scripts have used
 
 
 def _load_questions(questions: Any, dataset: str | None, limit: int | None, sample: int | None,

@@ -28,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def setup(args):
-    """(run setup, EfficientRAG pipeline) from the options of ``effrag.experiment.add_run_args`` + the method's."""
+    """(run setup, EfficientRAG pipeline) from the options of ``effrag.cli_args.add_run_args`` + the method's."""
     import logging
 
     from effrag.cli_args import method_options

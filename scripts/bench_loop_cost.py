@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     (dest / "report.json").write_text(json.dumps(portable(
         {"provenance": provenance(prog="scripts/bench_loop_cost.py", files=[data / "dev.jsonl"]),
          "commit": _commit(),
-         "setup": {**setup.describe(), "n": len(setup.texts), "batch": args.batch, "single": args.single,
+         "setup": {**setup.identity(), "n": len(setup.texts), "batch": args.batch, "single": args.single,
                    "unit_pairs": args.unit_pairs, "threads": torch.get_num_threads(), "setup_s": setup_s,
                    "base_config": base.to_json()},
          "rows": rows}), indent=2, default=str))

@@ -135,7 +135,7 @@ def main(argv=None) -> int:
         for name, pipe in methods:
             out = args.output / ds / name
             config = {"method": name, "dataset": ds, "questions": str(Path(dev).resolve()), "limit": args.limit,
-                      "retriever": "bm25" if name == "irrr" else "dense", **setup.describe(),
+                      "retriever": "bm25" if name == "irrr" else "dense", **setup.identity(),
                       "reader": str(args.reader), "reader_mode": args.reader_mode,
                       "reader_model": model_fingerprint(args.reader, with_options=True),  # retrained: no resume
                       "model": str(model) if name.startswith("efficientrag") else None,

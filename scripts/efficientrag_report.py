@@ -49,7 +49,7 @@ def direct_r(data: Path, dataset: str, skip: set[str]) -> tuple[dict[str, dict[i
     question's recall at the target depths (:data:`TARGETS`), per kind (hybrid's two forms apart): the floors the
     cheapest-that-keeps-the-bar rule measures on each fold's own questions."""
     from effrag.evaluation.metrics import recall
-    from effrag.experiment import RunSetup
+    from effrag.setup import RunSetup
 
     out, per_q = {}, {}
     for kind in KINDS:

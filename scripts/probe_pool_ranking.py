@@ -160,7 +160,7 @@ def main(argv=None) -> int:
           f"by question.\n\n{table}\n\nLearned weights (in-sample, per raw feature): "
           + ", ".join(f"{n} {w:+.3f}" for n, w in zip(FEATURES, weights)) + "\n")
     write_report(args.output, md, {"curves": rows, "features": list(FEATURES), "weights": weights,
-                                   "avg_seen": avg_seen, "n": len(texts), "setup": run.describe(),
+                                   "avg_seen": avg_seen, "n": len(texts), "setup": run.identity(),
                                    "loop_config": config.to_json()}, args=args, argv=argv)
     print(md)
     return 0

@@ -150,12 +150,12 @@ def test_an_output_folder_that_is_an_existing_file_is_a_usage_error(tmp_path, ca
 
 def test_a_bad_loop_option_fails_before_the_corpus_is_read(tmp_path, capsys, monkeypatch):
     """EfficientRAG's options are checked before any corpus or index is built: the error is at once."""
-    from effrag import experiment
+    from effrag import setup
 
     def no_setup(*a, **kw):
         raise AssertionError("the run setup was built before the options were checked")
 
-    monkeypatch.setattr(experiment.RunSetup, "from_args", classmethod(no_setup))
+    monkeypatch.setattr(setup.RunSetup, "from_args", classmethod(no_setup))
     code, _, err = run(["eval", "--method", "efficientrag", "--labeler", tmp_path, "--filter", tmp_path,
                         "--questions", HOTPOT_DEV, "--corpus-from", HOTPOT_TRAIN, "--retriever", "bm25",
                         "--pool-order", "hop", "--requery-weight", "1", "--output", tmp_path / "out"], capsys)

@@ -28,7 +28,7 @@ def test_from_args_pools_the_corpus_and_maps_gold(tmp_path):
     assert all(g and set(g) <= ids for g in setup.gold)  # every gold passage is a corpus id
     hits = setup.retriever.search(setup.texts[:1], 3)[0]
     assert len(hits) == 3 and all(h.id in ids for h in hits)
-    desc = setup.describe()  # the keys `effrag eval` has always written (earlier runs resume)
+    desc = setup.identity()  # the keys `effrag eval` has always written (earlier runs resume)
     assert set(desc) == {"dataset", "questions", "corpus_from", "corpus", "index", "retriever",
                          "corpus_fingerprint", "corpus_size", "encoder"}
     assert desc["questions"] == str(dev.resolve()) and desc["corpus_size"] == len(setup.corpus)
@@ -160,16 +160,3 @@ def test_check_same_run_names_the_differing_keys_and_lets_older_records_resume(t
     older = {k: v for k, v in now.items() if k not in ("corpus_size", "encoder")}  # written before they were identity
     assert set(IDENTITY_KEYS) >= {"corpus_size", "encoder"} and same_run(older, now)
     assert not same_run({**older, "corpus_fingerprint": "other"}, now)
-
-
-def test_effrag_experiment_still_exports_the_setup_and_the_argument_groups():
-    import effrag.cli_args
-    import effrag.experiment
-    import effrag.setup
-
-    for name in ("RunSetup", "open_corpus", "open_retriever", "open_index", "default_cache_dir", "dataset_file",
-                 "retriever_options", "RETRIEVER_KINDS", "encoder_path"):
-        assert getattr(effrag.experiment, name) is getattr(effrag.setup, name)
-    for name in ("add_run_args", "add_questions_args", "add_corpus_args", "add_retriever_args", "add_method_args",
-                 "method_options", "positive_int", "output_dir"):
-        assert getattr(effrag.experiment, name) is getattr(effrag.cli_args, name)

@@ -87,13 +87,13 @@ def test_options_in_code_and_flags_follow_the_same_rule(tiny_efficientrag_dirs, 
 ])
 def test_cli_checks_loop_options_before_reading_the_corpus(tiny_efficientrag_dirs, tmp_path, capsys, monkeypatch,
                                                            extra, message):
-    from effrag import experiment
+    from effrag import setup
     from effrag.cli import main
 
     def no_setup(*a, **kw):
         raise AssertionError("the run setup was built before the options were checked")
 
-    monkeypatch.setattr(experiment.RunSetup, "from_args", classmethod(no_setup))
+    monkeypatch.setattr(setup.RunSetup, "from_args", classmethod(no_setup))
     loop = _write(tmp_path, {"max_hops": 2.5})
     code = main(["eval", "--method", "efficientrag", "--labeler", str(tiny_efficientrag_dirs["labeler"]),
                  "--filter", str(tiny_efficientrag_dirs["filter"]), "--questions", str(HOTPOT_DEV),

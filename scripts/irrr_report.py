@@ -128,7 +128,8 @@ def pct(v) -> str:
 def table(report: dict, er: dict | None, setups: dict[str, dict]) -> str:
     from effrag.evaluation.report import md_table
 
-    head = ["dataset (questions)", *(f"strongest Direct-R @{k}" for k in SHOWN), *(f"EfficientRAG <= {k}" for k in SHOWN),
+    head = ["dataset (questions)", *(f"BM25 Direct-R @{k}" for k in SHOWN), *(f"strongest Direct-R @{k}" for k in SHOWN),
+            *(f"EfficientRAG <= {k}" for k in SHOWN),
             *(f"IRRR <= {k}, irrr.json" for k in SHOWN), *(f"IRRR <= {k}, per dataset" for k in SHOWN),
             "IRRR paragraphs read per question", "corpus = EfficientRAG's"]
     body = []
@@ -138,13 +139,14 @@ def table(report: dict, er: dict | None, setups: dict[str, dict]) -> str:
         cells = [f"{ds} ({own['n']})"]
         if er and ds in er.get("direct_r", {}):
             dr = er["direct_r"][ds]
+            cells += [pct(dr["bm25"][str(k)]) for k in SHOWN]  # IRRR's own retriever, alone
             for k in SHOWN:
                 kind = max(dr, key=lambda kd: dr[kd][str(k)])
                 cells.append(f"{pct(dr[kind][str(k)])} {kind}")
             mine = er["per_dataset"][ds]["crossfit"]["datasets"][ds]
             cells += [pct(at(mine, k)) for k in SHOWN]
         else:
-            cells += ["-"] * (2 * len(SHOWN))
+            cells += ["-"] * (3 * len(SHOWN))
         cells += [f"**{pct(at(joint, k))}**" for k in SHOWN]
         cells += [pct(at(own, k)) for k in SHOWN]
         cells.append(f"{joint['forwards'][0]:.1f}")

@@ -7,8 +7,9 @@ Every command that takes a model folder also takes a shipped name: ``effrag eval
 ``efficientrag-all`` is the recommended EfficientRAG system (Labeler, Filter, and the loop config tuned
 on each dataset's dev file), exported from ``bash scripts/train_efficientrag.sh all`` by
 ``scripts/export_pretrained.py`` with its encoders stored as int8 rows (:mod:`effrag.models.compact`).
-``reader-all`` (the extractive reader) and ``irrr-all`` (IRRR) are shipped the same way once exported;
-until their folders exist here, naming them is a one-line error that gives the command training them.
+``reader-all`` (the extractive reader) and ``irrr-all`` (IRRR, with the loop options chosen for it in ``irrr.json``)
+are shipped the same way; a known name whose folder is missing from an install is a one-line error that gives the
+command training it.
 Each shipped model's card is ``README.md`` in its directory.
 """
 from __future__ import annotations

@@ -320,3 +320,52 @@ def test_irrr_crossfit_rows_score_the_replayed_paragraphs_at_every_cut():
             assert all(ids[p - 1] in row["gold"] for p in pq[2])
     held = crossfit({"ds": out}, budgets=(2, 4), k=5)["datasets"]["ds"]
     assert held["n"] == 10 and 0.0 < held["recall"][4] <= 1.0 and held["recall"][2] <= held["recall"][4]
+
+
+@pytest.mark.skipif("irrr-all" not in NAMES, reason="irrr-all is not exported into this install")
+def test_the_shipped_irrr_all_runs_by_default_with_its_chosen_options(tmp_path, capsys):
+    """``effrag eval --method irrr`` and ``effrag retrieve --method irrr`` with no model named run the shipped int8
+    irrr-all with the options its irrr.json holds (chosen on the dev questions, cross-fitted)."""
+    from effrag.pretrained import pretrained_path
+    from helpers import run_cli
+
+    shipped = pretrained_path("irrr-all")
+    chosen = json.loads((shipped / "irrr.json").read_text())["config"]
+    dev = sample_path("hotpotqa", "dev")
+    code, _, err = run_cli(["eval", "--method", "irrr", "--questions", dev, "--corpus-from", dev, "--retriever", "bm25",
+                            "--limit", 2, "--output", tmp_path / "out"], capsys)
+    assert code == 0, err
+    run = json.loads((tmp_path / "out" / "config.json").read_text())["run"]
+    assert {key: run["method_config"][key] for key in chosen} == chosen
+    assert run["model_files"]["irrr_model"]  # the shipped weights' fingerprint, recorded
+    rows = [json.loads(x) for x in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(0 < len(r["retrieved"]) <= (chosen.get("return_k") or 10) for r in rows)
+    assert all(len(r["trace"]["hops"][0]["candidates"]) == (chosen.get("first_k") or chosen["k"]) for r in rows)
+    code, _, err = run_cli(["corpus", "build", "--inputs", dev, "--output", tmp_path / "corpus.jsonl"], capsys)
+    assert code == 0, err
+    code, _, err = run_cli(["index", "build", "--corpus", tmp_path / "corpus.jsonl", "--retriever", "bm25",
+                            "--output", tmp_path / "idx"], capsys)
+    assert code == 0, err
+    q = load_questions(dev)[0].question
+    code, out, err = run_cli(["retrieve", "--index", tmp_path / "idx", "--method", "irrr", "--json", q], capsys)
+    assert code == 0, err
+    (row,) = [json.loads(x) for x in out.splitlines()]
+    assert row["question"] == q and 0 < len(row["chunks"]) <= (chosen.get("return_k") or 10)
+
+
+def test_the_committed_irrr_evidence_rebuilds_its_table_and_the_shipped_choice(tmp_path):
+    """reports/irrr/crossfit/table.md and the shipped irrr-all's irrr.json are recomputed from the repository alone
+    (the committed per-question evidence, no model, no data folder)."""
+    from pathlib import Path
+
+    from helpers import run_script
+
+    root = Path(__file__).resolve().parents[2]
+    report = root / "reports" / "irrr" / "crossfit"
+    proc = run_script("irrr_report", "--evidence", report / "evidence", "--output", tmp_path / "out",
+                      "--system", tmp_path, "--data", tmp_path / "no-data")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "out" / "table.md").read_text() == (report / "table.md").read_text()
+    rebuilt = json.loads((tmp_path / "irrr.json").read_text())
+    shipped = json.loads((root / "effrag" / "pretrained" / "irrr-all" / "irrr.json").read_text())
+    assert rebuilt == shipped

@@ -175,8 +175,7 @@ def test_resume_from_mid_epoch_checkpoint_continues_same_schedule(tiny, tmp_path
 
 
 def test_cli_reports_config_errors(tmp_path, capsys):
-    sys.path.insert(0, str(REPO))
-    import train as train_cli
+    from effrag.training import cli as train_cli
 
     assert train_cli.main(["--config", str(tmp_path / "missing.yaml")]) == 2
     assert "config file not found" in capsys.readouterr().err

@@ -8,20 +8,18 @@ from __future__ import annotations
 
 import json
 import pickle
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+from effrag.training import cli as train_cli
 from effrag.training import load_config, train
-from helpers import REPO, Killed, kill_during_step, read_log, reset_accelerate, tiny_overrides, weights
+from helpers import Killed, kill_during_step, read_log, reset_accelerate, tiny_overrides, weights
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py
 
-sys.path.insert(0, str(REPO))
-import train as train_cli  # noqa: E402
 
 
 class _Payload:

@@ -133,8 +133,7 @@ def test_explicit_resume_from_an_older_checkpoint_drops_the_later_history(tiny, 
 ])
 def test_cli_errors_are_one_line_naming_the_field_before_any_heavy_work(tiny, tmp_path, capsys, monkeypatch,
                                                                        override, field):
-    sys.path.insert(0, str(REPO))
-    import train as train_cli
+    from effrag.training import cli as train_cli
     from effrag.training import loop
 
     def no_accelerator(cfg):

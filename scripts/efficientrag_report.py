@@ -36,12 +36,6 @@ KINDS = ("bm25", "dense", "hybrid")
 TARGETS = {7: 20, 10: 30}  # chunks -> the Direct-R depth EfficientRAG must reach
 
 
-def sample_ids(datasets) -> list[str]:
-    from effrag.data import load_questions, sample_path
-
-    return [q.id for d in datasets for q in load_questions(sample_path(d, "dev"))]
-
-
 def direct_r(data: Path, dataset: str, skip: set[str]) -> tuple[dict[str, dict[int, float]], dict]:
     """Direct-R recall at k = 1..30 for each retriever kind, on the dev questions not in ``skip``: the top 30 cut
     at k (``effrag eval --k 1 ... --k 30``); for hybrid, the better of that and fusing each retriever's own top k
@@ -212,7 +206,9 @@ def main(argv=None) -> int:
                     for r in rows]
         tagged.setdefault(ds, {})[ranker or "ranker"] = factor
         tunes[ds] = tunes.get(ds, []) + rows
-    skip = [] if args.keep_sample else sample_ids(tunes)
+    from effrag.data import sample_question_ids
+
+    skip = [] if args.keep_sample else sample_question_ids(tunes)
     args.output.mkdir(parents=True, exist_ok=True)
     system = args.system or args.output / "configs"
     system.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,6 @@ choice, which ``effrag eval --method irrr`` uses for that model folder.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import sys
@@ -64,18 +63,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def sample_ids(datasets) -> list[str]:
-    from effrag.data import load_questions, sample_path
-
-    return [q.id for d in datasets for q in load_questions(sample_path(d, "dev"))]
-
-
 def run_grid(args) -> tuple[dict[str, list[dict]], dict[str, dict]]:
     """The grid's rows per dataset and each dataset's setup (corpus fingerprint, questions, model)."""
     from effrag.models import IRRRModel
     from effrag.pretrained import resolve_model
     from effrag.provenance import portable_path
-    from effrag.setup import RunSetup, dataset_file
+    from effrag.setup import dataset_file, open_corpus
     from effrag.tuning.efficientrag import model_fingerprint
     from effrag.tuning.irrr import crossfit_rows, runs_to_cap
 
@@ -87,36 +80,31 @@ def run_grid(args) -> tuple[dict[str, list[dict]], dict[str, dict]]:
     rows = crossfit_rows(runs, args.answer_thresholds, args.fill_orders, args.return_k, k=args.k,
                          max_path=args.max_path)
     setups = {}
-    for ds in args.datasets:  # what the runs searched: the same corpus as EfficientRAG's tuning (checked below)
+    for ds, by_q in next(iter(runs.values())).items():  # what the runs searched: EfficientRAG's corpus (checked below)
         dev = dataset_file(args.data, ds, "dev")
-        setup = RunSetup.build(dev, corpus_from=[dataset_file(args.data, ds, "train"), dev], retriever="bm25",
-                               cache=False, limit=args.limit)
+        corpus = open_corpus(corpus_from=[dataset_file(args.data, ds, "train"), dev], questions_path=dev)
         setups[ds] = {"dataset": ds, "questions": f"{ds}/dev.jsonl", "retriever": "bm25",
-                      "corpus_fingerprint": setup.corpus.fingerprint(), "corpus_size": len(setup.corpus),
-                      "n": len(setup.questions), "model": portable_path(path), "model_files": model_fingerprint(path)}
+                      "corpus_fingerprint": corpus.fingerprint(), "corpus_size": len(corpus),
+                      "n": len(by_q), "model": portable_path(path), "model_files": model_fingerprint(path)}
     return rows, setups
 
 
 def write_evidence(out: Path, rows: dict[str, list[dict]], setups: dict[str, dict]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+    from effrag.tuning.evidence import write_gz_json
+
     for ds, rs in rows.items():
-        tmp = out / f"{ds}.json.gz.partial"
-        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
-            json.dump({"format": FORMAT, "dataset": ds, "setup": setups[ds], "rows": rs}, f, separators=(",", ":"))
-        tmp.replace(out / f"{ds}.json.gz")
+        write_gz_json(out / f"{ds}.json.gz", {"format": FORMAT, "dataset": ds, "setup": setups[ds], "rows": rs})
 
 
 def read_evidence(folder: Path, datasets) -> tuple[dict[str, list[dict]], dict[str, dict]]:
+    from effrag.tuning.evidence import read_gz_json
+
     rows, setups = {}, {}
     for ds in datasets:
-        path = folder / f"{ds}.json.gz"
         try:
-            with gzip.open(path, "rt", encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, EOFError, ValueError) as e:
-            raise SystemExit(f"irrr_report: {path}: not a readable evidence file ({e})")
-        if not isinstance(data, dict) or data.get("format") != FORMAT or not data.get("rows"):
-            raise SystemExit(f"irrr_report: {path}: not an IRRR evidence file of format {FORMAT}")
+            data = read_gz_json(folder / f"{ds}.json.gz", "an IRRR evidence file", FORMAT)
+        except ValueError as e:
+            raise SystemExit(f"irrr_report: {e}")
         rows[ds], setups[ds] = data["rows"], data["setup"]
     return rows, setups
 
@@ -165,7 +153,14 @@ def main(argv=None) -> int:
     else:
         rows, setups = run_grid(args)
         write_evidence(args.output / "evidence", rows, setups)
-    skip = [] if args.keep_sample else sample_ids(args.datasets)
+    from effrag.data import sample_question_ids
+
+    skip = [] if args.keep_sample else sample_question_ids(args.datasets)
+    for ds in args.datasets:
+        left = {pq[0] for pq in rows[ds][0]["per_question"]} - set(skip)
+        if len(left) < args.folds:
+            raise SystemExit(f"irrr_report: {ds}: {len(left)} question(s) outside the bundled sample, fewer than the "
+                             f"{args.folds} folds (--keep-sample lets the sample's questions count)")
     common = dict(budgets=args.budgets, caps=CAPS, exclude=skip)
     per_dataset = {}
     for ds in args.datasets:

@@ -88,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                 p.error(f"{path}:{n}: not JSON ({e.msg})")
     skip: set[str] = set()
     if args.exclude_sample:
-        from effrag.data import load_questions, sample_path
+        from effrag.data import sample_question_ids
 
-        skip = {q.id for d in ("hotpotqa", "2wikimqa", "musique") for q in load_questions(sample_path(d, "dev"))}
+        skip = set(sample_question_ids(("hotpotqa", "2wikimqa", "musique")))
     try:
         print(summarize(rows, [b for b in args.by.split(",") if b], budgets, where, skip))
     except ValueError as e:

@@ -37,9 +37,15 @@ def sample_files(split: str = "dev") -> list[Path]:
     return files
 
 
+def sample_question_ids(datasets, split: str = "dev") -> list[str]:
+    """The ids of the bundled sample's questions of ``datasets``: the questions the quickstart shows, which the
+    tuning reports leave out of every choice and every figure."""
+    return [q.id for d in datasets for q in load_questions(sample_path(d, split))]
+
+
 __all__ = [
     "Passage", "Question", "SubQuestion", "passage_id",
     "load_questions", "detect_format", "DataFormatError", "LoadReport", "DATASETS",
     "Corpus", "CorpusError", "GoldReport", "build_corpus", "map_gold",
-    "sample_path", "sample_files", "SAMPLE_DIR",
+    "sample_path", "sample_files", "sample_question_ids", "SAMPLE_DIR",
 ]

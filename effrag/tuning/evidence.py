@@ -20,13 +20,36 @@ from typing import Any, Mapping
 FORMAT = 1
 
 
+def write_gz_json(path: str | Path, data: Any) -> Path:
+    """``data`` as gzipped compact JSON at ``path``, written whole or not at all (a ``.partial`` file renamed)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
+        json.dump(data, f, separators=(",", ":"))
+    tmp.replace(path)
+    return path
+
+
+def read_gz_json(path: str | Path, what: str, fmt: int = FORMAT) -> dict[str, Any]:
+    """A file :func:`write_gz_json` wrote, of format ``fmt`` with ``rows``; a damaged or foreign file is one error
+    naming it (``what``: the kind of file expected)."""
+    path = Path(path)
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, EOFError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable evidence file ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != fmt or not data.get("rows"):
+        raise ValueError(f"{path}: not {what} of format {fmt}")
+    return data
+
+
 def write_evidence(path: str | Path, dataset: str, rows: list[dict], direct: Mapping, per_question: Mapping,
                    ranker_factor: float | Mapping[str, float] = 1.0) -> Path:
     """Write one dev file's evidence (rows as :func:`.loop_configs.read_rows` gives them)."""
     from .loop_configs import portable_setup
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     setups: list[dict] = []  # one per tuning folder the rows came from (each ranker's its own)
     index = []
     for r in rows:
@@ -40,24 +63,13 @@ def write_evidence(path: str | Path, dataset: str, rows: list[dict], direct: Map
                       "setup": i} for r, i in zip(rows, index)],
             "direct_r": {kind: {str(k): v for k, v in curve.items()} for kind, curve in direct.items()},
             "direct_r_per_question": {kind: {str(k): v for k, v in by_k.items()} for kind, by_k in per_question.items()}}
-    tmp = path.with_name(path.name + ".partial")
-    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
-        json.dump(data, f, separators=(",", ":"))
-    tmp.replace(path)
-    return path
+    return write_gz_json(path, data)
 
 
 def read_evidence(path: str | Path) -> dict[str, Any]:
     """``{"dataset", "rows" (each with its setup), "direct_r": {kind: {k: recall}}, "direct_r_per_question": {kind:
     {k: {qid: recall}}}, "ranker_factor"}``; a damaged or foreign file is one error naming it."""
-    path = Path(path)
-    try:
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, EOFError, ValueError) as e:
-        raise ValueError(f"{path}: not a readable evidence file ({e})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not data.get("rows"):
-        raise ValueError(f"{path}: not an effrag evidence file of format {FORMAT}")
+    data = read_gz_json(path, "an effrag evidence file")
     data["rows"] = [{**r, "setup": data["setups"][r["setup"]]} for r in data["rows"]]
     data["direct_r"] = {kind: {int(k): v for k, v in curve.items()} for kind, curve in data["direct_r"].items()}
     data["direct_r_per_question"] = {kind: {int(k): v for k, v in by_k.items()}

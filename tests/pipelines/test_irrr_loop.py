@@ -369,3 +369,26 @@ def test_the_committed_irrr_evidence_rebuilds_its_table_and_the_shipped_choice(t
     rebuilt = json.loads((tmp_path / "irrr.json").read_text())
     shipped = json.loads((root / "effrag" / "pretrained" / "irrr-all" / "irrr.json").read_text())
     assert rebuilt == shipped
+
+
+@pytest.mark.skipif("irrr-all" not in NAMES, reason="irrr-all is not exported into this install")
+def test_irrr_report_runs_the_grid_resumes_and_refuses_too_few_questions(tmp_path):
+    """scripts/irrr_report.py over the shipped model: the runs to the cap, evidence and irrr.json; a rerun reads
+    the runs back (same choice); questions all in the bundled sample leave no fold to choose on: one line."""
+    from helpers import run_script
+
+    data = sample_path("hotpotqa", "dev").parents[1]
+    base = ["--irrr", "irrr-all", "--data", data, "--datasets", "hotpotqa", "--limit", 3, "--query-thresholds", 0.3,
+            "--answer-thresholds", -2, 99, "--runs", tmp_path / "runs", "--folds", 2, "--er-report", tmp_path / "none"]
+    proc = run_script("irrr_report", *base, "--output", tmp_path / "out")
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == (
+        "irrr_report: hotpotqa: 0 question(s) outside the bundled sample, fewer than the 2 folds (--keep-sample "
+        "lets the sample's questions count)")
+    assert len((tmp_path / "runs" / "runs_q0.3_fk10_k5_hotpotqa.jsonl").read_text().splitlines()) == 3  # kept
+    for _ in range(2):
+        proc = run_script("irrr_report", *base, "--keep-sample", "--output", tmp_path / "out", "--system", tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        chosen = json.loads((tmp_path / "irrr.json").read_text())
+        assert chosen["config"]["query_threshold"] == 0.3 and chosen["config"]["answer_threshold"] in (-2, 99)
+        assert chosen["chosen_on"]["n"] == {"hotpotqa": 3}
+    assert (tmp_path / "out" / "evidence" / "hotpotqa.json.gz").is_file() and "hotpotqa (3)" in proc.stdout

@@ -54,7 +54,6 @@ class IRRRConfig:
     batch_size: int = 16
     bf16: bool = False
 
-
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -159,7 +158,7 @@ class IRRRRunner:
 def read_irrr_config(path: str | Path | None) -> dict[str, Any]:
     """The IRRR loop options in ``path``: a JSON object of :class:`IRRRConfig` fields (a tuner's ``best.json``,
     :mod:`effrag.tuning.irrr`) or a model folder's ``irrr.json``, which holds them under ``"config"`` beside how
-    they were chosen; None gives none. Unknown fields fail when the pipeline is built, naming them."""
+    they were chosen; None gives none. A field :class:`IRRRConfig` lacks is one error naming the file."""
     import json
 
     if path is None:
@@ -174,6 +173,9 @@ def read_irrr_config(path: str | Path | None) -> dict[str, Any]:
         config = config["config"]
         if not isinstance(config, dict):
             raise ValueError(f"{path}: \"config\" is not a JSON object of IRRR options")
+    unknown = sorted(set(config) - set(IRRRConfig.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"{path}: unknown IRRR option(s) {unknown}; known: {sorted(IRRRConfig.__dataclass_fields__)}")
     return config
 
 
@@ -220,13 +222,7 @@ def folder_config(path: str | Path) -> dict[str, Any]:
     """The loop options a model folder carries in ``irrr.json`` (the cross-fitted choice of
     ``scripts/irrr_report.py``, :func:`read_irrr_config`); empty when the folder has none (the paper's loop)."""
     f = Path(path) / CONFIG_NAME
-    if not f.is_file():
-        return {}
-    config = read_irrr_config(f)
-    unknown = sorted(set(config) - set(IRRRConfig.__dataclass_fields__))
-    if unknown:
-        raise ValueError(f"{f}: unknown IRRR option(s) {unknown}; known: {sorted(IRRRConfig.__dataclass_fields__)}")
-    return config
+    return read_irrr_config(f) if f.is_file() else {}
 
 
 @register_pipeline("irrr")
@@ -241,7 +237,6 @@ class IRRRPipeline(Pipeline):
 
     uses_generator = True
     k_in_config = True  # candidates per step: the model's irrr.json (or the paper's 5) unless --k is given
-    depth_option = "k"
 
     def __init__(self, retriever, irrr_model=DEFAULT_MODEL, k: int | None = None,
                  config: IRRRConfig | dict | None = None, generator: Any = None, **options: Any):

@@ -309,24 +309,20 @@ def comparison_table(summary: list[dict], what: str) -> dict[str, Any]:
     the terminal shows it (``short_title``, ``short_columns``, ``short_rows``: fits 80 columns, the questions per
     dataset in the title)."""
     pct = lambda v: "-" if v is None else f"{100 * v:.1f}"  # noqa: E731
-    body, short_body = [], []
+    body = []
     for s in summary:
-        cells, short_cells = [s["dataset"], str(s["n"])], [s["dataset"]]
+        cells = [s["dataset"], str(s["n"])]
         for chunks, depth in BARS.items():
             cells.append(f"{pct(s[f'direct_r@{depth}'])} {s[f'direct_r@{depth}_retriever']}")
-            short_cells.append(cells[-1])
             margin = s.get(f"bar{chunks}_margin")
-            mine = pct(s[f"efficientrag@{chunks}"])
-            cells.append(f"{mine} ({100 * margin:+.1f})" if margin is not None else "-")
-            short_cells.append(f"{mine} {100 * margin:+.1f}" if margin is not None else "-")
+            cells.append(f"{pct(s[f'efficientrag@{chunks}'])} {100 * margin:+.1f}" if margin is not None else "-")
         f = s.get("forwards")
         cells.append(f"{f[0]:.0f}+{f[1]:.0f}" if f else "-")
         body.append(cells)
-        short_body.append(short_cells + [cells[-1]])
     kind = next((s.get("retriever") for s in summary if s.get("retriever")), "?")
     title = f"EfficientRAG ({what}, over {kind}) vs the strongest Direct-R: recall %"
     sizes = "/".join(dict.fromkeys(str(s["n"]) for s in summary))
-    return {"title": title, "caption": CAPTION, "rows": body, "short_rows": short_body,
+    return {"title": title, "caption": CAPTION, "rows": body, "short_rows": [[r[0], *r[2:]] for r in body],
             "columns": ["dataset", "questions", "strongest Direct-R@20 (retriever)",
                         "EfficientRAG <= 7 chunks (vs Direct-R@20)", "strongest Direct-R@30 (retriever)",
                         "EfficientRAG <= 10 chunks (vs Direct-R@30)", "pairs read per question (Labeler + ranker)"],

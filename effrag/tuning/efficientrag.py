@@ -148,12 +148,9 @@ def per_question(results: Sequence[Result], gold: Sequence[Sequence[str]], ids: 
     """``[qid, gold count, [1-based pool positions of the gold found], pool size, forwards]`` per question:
     enough to score any cap of the pool on any subset of the questions (:mod:`.crossfit`), with what the
     loop read for it (:func:`forwards`)."""
-    out = []
-    for qid, r, g in zip(ids, results, gold):
-        want = set(g)
-        out.append([qid, len(want), [i for i, c in enumerate(r.chunks, start=1) if c.id in want], len(r.chunks),
-                    forwards(r.hops)])
-    return out
+    from .crossfit import question_entry
+
+    return [question_entry(qid, (c.id for c in r.chunks), g, forwards(r.hops)) for qid, r, g in zip(ids, results, gold)]
 
 
 def score_results(results: Sequence[Result], gold: Sequence[Sequence[str]], curve_max: int = 10,

@@ -140,6 +140,8 @@ def crossfit_rows(runs: dict[tuple, dict[str, list[dict]]], answer_thresholds: S
     positions of the gold in the returned paragraphs], paragraphs returned, [paragraphs read, 0, 0]]``, so the
     returned list cut at any budget scores on any fold, as EfficientRAG's pool is. The rows' ``max_candidates`` is
     ``return_k``: a budget above it scores the same paragraphs."""
+    from .crossfit import question_entry
+
     out: dict[str, list[dict]] = {}
     for (qt, fk), by_ds in runs.items():
         for at in answer_thresholds:
@@ -150,8 +152,6 @@ def crossfit_rows(runs: dict[tuple, dict[str, list[dict]]], answer_thresholds: S
                     per_q = []
                     for r in rows:
                         _, ids, _, read = replay(r["steps"], at, return_k, fo)
-                        want = set(r["gold"])
-                        per_q.append([r["qid"], len(want), [i for i, c in enumerate(ids, start=1) if c in want],
-                                      len(ids), [read, 0, 0]])
+                        per_q.append(question_entry(r["qid"], ids, r["gold"], [read, 0, 0]))
                     out.setdefault(ds, []).append({"config": config, "per_question": per_q})
     return out

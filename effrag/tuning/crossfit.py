@@ -39,14 +39,6 @@ def folds(ids: Sequence[str], k: int, seed: int = 0) -> dict[str, int]:
     return {q: i % k for i, q in enumerate(order)}
 
 
-def question_entry(qid: str, ranked_ids, gold, forwards) -> list:
-    """One question's ``per_question`` entry: ``[qid, gold count, [1-based positions of the gold found in
-    ranked_ids], len(ranked_ids), forwards]`` (what the loop read for it)."""
-    want = set(gold)
-    ranked = list(ranked_ids)
-    return [qid, len(want), [i for i, c in enumerate(ranked, start=1) if c in want], len(ranked), forwards]
-
-
 def _cut(pq: list, cap: int) -> tuple[float, float]:
     """(recall, chunks) of one question's pool cut at ``cap``."""
     _, n_gold, at, size = pq[:4]

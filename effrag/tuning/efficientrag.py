@@ -144,12 +144,18 @@ def forwards(hops: Sequence[dict]) -> list[int]:
             sum(len(e.get("filter_inputs", [])) for e in hops)]
 
 
+def question_entry(qid: str, ranked_ids, gold, forwards) -> list:
+    """One question's ``per_question`` entry: ``[qid, gold count, [1-based positions of the gold found in
+    ranked_ids], len(ranked_ids), forwards]`` (what the loop read for it)."""
+    want = set(gold)
+    ranked = list(ranked_ids)
+    return [qid, len(want), [i for i, c in enumerate(ranked, start=1) if c in want], len(ranked), forwards]
+
+
 def per_question(results: Sequence[Result], gold: Sequence[Sequence[str]], ids: Sequence[str]) -> list[list]:
     """``[qid, gold count, [1-based pool positions of the gold found], pool size, forwards]`` per question:
     enough to score any cap of the pool on any subset of the questions (:mod:`.crossfit`), with what the
     loop read for it (:func:`forwards`)."""
-    from .crossfit import question_entry
-
     return [question_entry(qid, (c.id for c in r.chunks), g, forwards(r.hops)) for qid, r, g in zip(ids, results, gold)]
 
 

@@ -140,7 +140,7 @@ def crossfit_rows(runs: dict[tuple, dict[str, list[dict]]], answer_thresholds: S
     positions of the gold in the returned paragraphs], paragraphs returned, [paragraphs read, 0, 0]]``, so the
     returned list cut at any budget scores on any fold, as EfficientRAG's pool is. The rows' ``max_candidates`` is
     ``return_k``: a budget above it scores the same paragraphs."""
-    from .crossfit import question_entry
+    from .efficientrag import question_entry
 
     out: dict[str, list[dict]] = {}
     for (qt, fk), by_ds in runs.items():

@@ -199,6 +199,24 @@ def test_padding_changes_neither_loss_nor_chunk_tag(bases):
     assert torch.allclose(a.tag_logits, b.tag_logits, atol=1e-5)
 
 
+def test_inference_batches_split_mixed_lengths_and_predictions_do_not_depend_on_it(bases):
+    from effrag.models.tokenization import length_batches
+
+    lengths = [256, 250, 140, 130, 60, 58, 57, 20]
+    batches = length_batches(lengths, batch_size=3)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert all(len(b) <= 3 and min(lengths[i] for i in b) >= 0.6 * max(lengths[i] for i in b) for b in batches)
+    assert [[lengths[i] for i in b] for b in batches] == [[256, 250], [140, 130], [60, 58, 57], [20]]
+    assert [len(b) for b in length_batches(lengths, batch_size=3, min_fill=0)] == [3, 3, 2]  # fixed-size batches
+    model = LabelerModel.from_encoder(bases["electra"], {"max_length": 64})
+    r = copy_records(2, length=4) + copy_records(2, length=30)  # two lengths: split into two batches
+    queries, words = [x["query"] for x in r], [x["chunk_words"] for x in r]
+    split = model.predict(queries, words, batch_size=8)
+    one_by_one = [model.predict([q], [w])[0] for q, w in zip(queries, words)]
+    for (a, wa), (b, wb) in zip(split, one_by_one):
+        assert a == pytest.approx(b, abs=1e-5) and wa == pytest.approx(wb, abs=1e-5)
+
+
 def test_class_weights_and_loss_weights(bases):
     batch = None
     losses = {}

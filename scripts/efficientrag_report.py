@@ -140,6 +140,40 @@ def pareto_table(tunes: dict, direct: dict, k: int, seed: int, skip, factors: di
     return md_table(head, rows, "llllrrrrll"), data
 
 
+def selection_table(tunes: dict, floors: dict | None, margin, factors: dict, budgets, k: int, seed: int,
+                    skip) -> tuple[str, list[dict]]:
+    """How much each selection rule fits its own questions: for the best-recall rule and (with ``floors``) the
+    cheapest-that-keeps-the-bar rule, each with its final choice by best recall and by the one-standard-error
+    rule (``prefer="simple"``), per dataset and jointly: the held-out recall (cross-fitted), the mean over folds of
+    the chosen config's recall on its own choosing questions, their gap, and how many distinct configs the folds
+    chose."""
+    from effrag.tuning.crossfit import crossfit
+
+    rules = [("best recall", None)] + ([("cheapest that keeps the bar", floors)] if floors is not None else [])
+    scopes = [(ds, {ds: rows}) for ds, rows in tunes.items()] + ([("loop.json", tunes)] if len(tunes) > 1 else [])
+    rows, data = [], []
+    for scope, rowset in scopes:
+        for name, fl in rules:
+            for prefer in ("recall", "simple"):
+                own = None if fl is None else {d: fl[d] for d in rowset}
+                res = crossfit(rowset, budgets, k=k, seed=seed, exclude=skip, floors=own, margin=margin,
+                               ranker_factors={d: factors[d] for d in rowset}, prefer=prefer)
+                distinct = len({json.dumps(f["config"], sort_keys=True) for f in res["folds"]})
+                for d in rowset:
+                    ins = {b: sum(f["in_sample"][d][b] for f in res["folds"]) / k for b in budgets}
+                    out = {b: sum(f["held_out"][d][b] for f in res["folds"]) / k for b in budgets}
+                    data.append({"scope": scope, "dataset": d, "rule": name, "prefer": prefer, "in_sample": ins,
+                                 "held_out_fold_mean": out, "crossfit": res["datasets"][d]["recall"],
+                                 "distinct_configs": distinct})
+                    rows.append([scope, d, name, "best recall" if prefer == "recall" else "simplest within 1 SE",
+                                 *(f"{100 * res['datasets'][d]['recall'][b]:.1f}" for b in budgets),
+                                 *(f"{100 * ins[b]:.1f}" for b in budgets),
+                                 *(f"{100 * (ins[b] - out[b]):+.1f}" for b in budgets), str(distinct)])
+    head = ["configs", "dataset", "rule", "final choice", *(f"held-out R@{b}" for b in budgets),
+            *(f"in-sample R@{b}" for b in budgets), *(f"gap @{b}" for b in budgets), "distinct fold configs"]
+    return md_table(head, rows, "llll" + "r" * (3 * len(budgets) + 1)), data
+
+
 def ranker_factor_for(setup: dict, system: Path | None, name: str, parser) -> float:
     """A tuning folder's ranker read factor: from the system's folder ``name`` when ``--system`` holds it (the
     tuning's own path may since hold another model), checked against the fingerprint the tuning recorded; else from
@@ -178,6 +212,9 @@ def main(argv=None) -> int:
                         "bar (the strongest Direct-R at the budgets' targets on the same questions, + --margin)")
     p.add_argument("--margin", default="se", help="--rule cheapest: points above the bar, or se (default): one "
                    "standard error of the per-question difference to the strongest Direct-R on the choosing questions")
+    p.add_argument("--prefer", choices=("recall", "simple"), default="recall",
+                   help="the rule's final choice: best recall, or simple: the simplest config (fewest and smallest "
+                        "pool bonuses) within one standard error of the best (issue #48's noise-resistant rule)")
     p.add_argument("--keep-sample", action="store_true", help="let the bundled sample's dev questions choose too")
     args = p.parse_args(argv)
     from effrag.tuning.evidence import read_evidence, write_evidence
@@ -228,7 +265,7 @@ def main(argv=None) -> int:
     direct = {ds: d for ds, (d, _) in both.items()}
     floors = floors_of({ds: q for ds, (_, q) in both.items()}, args.budgets) if args.rule == "cheapest" else None
     report = write_loop_configs(tunes, system, budgets=args.budgets, k=args.folds, seed=args.seed, exclude=skip,
-                                floors=floors, margin=margin, ranker_factors=factors)
+                                floors=floors, margin=margin, ranker_factors=factors, prefer=args.prefer)
     report["direct_r"] = {ds: {kd: {str(k): v for k, v in c.items()} for kd, c in d.items()} for ds, d in direct.items()}
     t2 = table2(report, direct, args.budgets)
     cv, plot = curve(report, direct)
@@ -238,6 +275,9 @@ def main(argv=None) -> int:
            f"keeps the strongest Direct-R@{' and @'.join(str(TARGETS[b]) for b in args.budgets if b in TARGETS)} of "
            "the same questions + " + ("one standard error of the per-question difference" if margin == "se" else
                                       f"{args.margin} points") + ", else the best recall")
+    if args.prefer == "simple":
+        how += ("; the final choice: the simplest config (fewest and smallest pool bonuses) within one standard "
+                "error of the best recall" + ("" if args.rule == "best" else " among the cheapest one's structure"))
     note = (f"Recall %. EfficientRAG figures are cross-fitted ({args.folds} folds, seed {args.seed}): each question "
             f"is scored by the config chosen on the other folds ({how}; loop.json: jointly over the datasets). "
             f"Questions: {who}. Retriever under the loop: {report['retriever']}.\n")
@@ -252,6 +292,14 @@ def main(argv=None) -> int:
         "read with (ranker: its own; ranker-teacher: the larger one it was distilled from). *pair reads/q* weighs "
         "each read by its input length (a Filter input is 0.25 of a pair) and a ranker read by the ranker's layers "
         "and own input length against the Labeler's; seconds are scripts/bench_loop_cost.py's.\n\n" + pt + "\n")
+    st, report["selection"] = selection_table(tunes, floors, margin, factors, args.budgets, args.folds, args.seed, skip)
+    (args.output / "selection.md").write_text(
+        "How much each selection rule fits the questions that chose: per fold, the chosen config's recall % on its "
+        "choosing questions (in-sample) against the held-out fold's; *gap* is their difference averaged over the "
+        f"{args.folds} folds (seed {args.seed}), *held-out* the pooled cross-fitted recall. *simplest within 1 SE*: of "
+        "the configs the rule would choose among (for the cheapest rule: the cheapest config's options but the "
+        "pool weights), the one with the fewest and smallest pool bonuses whose recall is within one standard "
+        "error of the best one's. Questions: every dev question but the bundled sample's.\n\n" + st + "\n")
     (args.output / "crossfit.json").write_text(json.dumps(report, indent=1, default=str))
     try:
         from effrag.evaluation.plots import write_report_plot

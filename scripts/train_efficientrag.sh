@@ -23,14 +23,15 @@
 #    that a dataset whose bar the student cannot keep cheaply reads with the teacher: "ranker": "ranker-teacher"),
 #    then scripts/efficientrag_report.py: per-dataset and joint configs chosen on the dev questions but the bundled
 #    sample's (the quickstart's): the cheapest cost point whose recall keeps the bar (the strongest Direct-R@20 at 7
-#    chunks and @30 at 10, on the choosing questions, + MARGIN; RULE=best for the best recall instead),
+#    chunks and @30 at 10, on the choosing questions, + MARGIN; RULE=best for the best recall instead), and of
+#    that point's pool weights the simplest within one standard error of the best recall (PREFER=recall: the best),
 #    5-fold cross-fitted recall at <= 7 and <= 10 chunks against the strongest of BM25, dense and hybrid Direct-R,
 #    the cost points' Pareto table and the card.
 # Every stage resumes; finished stages are reused.
 # Env: DATA (default ../shared/data), PROCESSES (CPU processes, default 1), BIN (default .venv/bin), LAUNCH (raw
 # `accelerate launch` arguments for GPUs, e.g. LAUNCH="--multi_gpu --num_processes 4"), RETRIEVER (the loop's
 # retriever, default hybrid), NEG_PER_QUERY, CONTEXT_NEG, TUNE_GRID, FOLDS (default 5), RULE (cheapest or best),
-# MARGIN (points, or se: one standard error, the default), NAME (checkpoint name, default
+# MARGIN (points, or se: one standard error, the default), PREFER (simple, the default, or recall), NAME (checkpoint name, default
 # the dataset), LABELER_ARGS (Labeler-only overrides), RANKER_ARGS (ranker-only overrides), TUNE_ONLY=DIR (no synthesis
 # or training: tune the system DIR/{labeler,filter,ranker} and write DIR/loop*.json; how the package's int8 copy is
 # tuned: NAME=int8 TUNE_ONLY=effrag/pretrained/efficientrag-all). Extra args after the dataset go to the Labeler and
@@ -99,5 +100,5 @@ for d in hotpotqa 2wikimqa musique; do  # every dev question's result is kept: t
   fi
 done
 "$BIN/python" scripts/efficientrag_report.py --tune "${tunes[@]}" --data "$DATA" --folds "$FOLDS" --system "$ck" \
-  --rule "${RULE:-cheapest}" --margin "${MARGIN:-se}" --output "runs/tune/$name-report"
+  --rule "${RULE:-cheapest}" --margin "${MARGIN:-se}" --prefer "${PREFER:-simple}" --output "runs/tune/$name-report"
 echo "EfficientRAG system in $ck: labeler/, filter/, ranker/, loop.json, loop-{hotpotqa,2wikimqa,musique}.json"

@@ -101,7 +101,7 @@ class Candidates:
 
 def _best(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]], budgets: Sequence[int],
           floors: Mapping[str, Mapping[int, Mapping[str, Mapping[str, float]]]] | None = None,
-          margin: float | str = 0.0) -> str:
+          margin: float | str = 0.0, prefer: str = "recall") -> str:
     """The config with the best recall averaged over ``budgets`` and datasets; fewer chunks, then the config's
     key, break ties (deterministic).
 
@@ -112,7 +112,14 @@ def _best(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]],
     that reads least (:func:`effrag.tuning.loop_cost.read_cost`), best recall on a tie; when none does, the best
     recall as above. ``floors[dataset][budget]`` maps each baseline (a retriever kind) to its recall per question
     id; the floor is the strongest baseline's mean over the members, so a fold's bar is measured on that fold's
-    questions only."""
+    questions only.
+
+    ``prefer="simple"`` (the one-standard-error rule): instead of the best recall of that final set, the simplest
+    config whose recall is within one standard error of the best one's (:func:`simplest_within_se`); with
+    ``floors`` the set is the cheapest config's structure (its options but the pool weights) among those that keep
+    the bar, so that pool weights whose reads differ by noise are compared as one cost point."""
+    if prefer not in ("recall", "simple"):
+        raise ValueError(f"prefer={prefer!r}: expected 'recall' or 'simple'")
     bad = [b for b in budgets if b not in next(iter(cands.values())).caps]
     if bad:
         raise ValueError(f"budgets {bad} are not among the scored caps")
@@ -144,12 +151,68 @@ def _best(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]],
                     for key in keeps}
             cheapest = min(cost.values())
             pool = [key for key in keeps if cost[key] == cheapest]
+            if prefer == "simple":
+                shape = structure(cands_config(cands, pool[0]))
+                pool = [key for key in keeps if structure(cands_config(cands, key)) == shape]
+    if prefer == "simple":
+        return simplest_within_se(cands, members, budgets, pool, score)
     best, best_score = None, None
     for key in pool:  # sorted: on a tie the first key stays
         sc = score(key)
         if best_score is None or sc > best_score:
             best, best_score = key, sc
     return best
+
+
+# the options that only reorder the pool (bonuses and weights of the rank order): the "simpler" axis of the one-SE
+# rule, and what cost points share (a pool weight changes what the loop reads only through what it ranks first)
+ORDER_WEIGHTS = ("retrieval_weight", "requery_weight", "relabel_weight", "link_weight", "backlink_weight")
+
+
+def cands_config(cands: Mapping[str, Candidates], key: str) -> dict:
+    return next(iter(cands.values())).rows[key]["config"]
+
+
+def structure(config: Mapping[str, Any]) -> str:
+    """A config's options but its pool weights (:data:`ORDER_WEIGHTS`): its cost point and loop shape."""
+    return config_key({k: v for k, v in config.items() if k not in ORDER_WEIGHTS})
+
+
+def complexity(config: Mapping[str, Any]) -> tuple[int, float]:
+    """How far a config's pool weights are from off (the loop's defaults): how many are on, then their total
+    distance from the default. Fewer and smaller bonuses are simpler."""
+    from effrag.pipelines.efficientrag_config import EfficientRAGConfig
+
+    default = EfficientRAGConfig()
+    away = [abs(float(config[k]) - float(getattr(default, k))) for k in ORDER_WEIGHTS
+            if config.get(k) is not None and float(config[k]) != float(getattr(default, k))]
+    return len(away), round(sum(away), 9)
+
+
+def simplest_within_se(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]],
+                       budgets: Sequence[int], pool: Sequence[str], score) -> str:
+    """The one-standard-error rule over ``pool``: the configs whose mean recall (over ``budgets``, per member
+    question of every dataset) is within one standard error of the per-question difference to the best config's;
+    of those the simplest (:func:`complexity`), then the best ``score``, then the first key.
+
+    Why: on a small dev file the best of many near-equal configs is partly the one that fits its questions' noise
+    (on MuSiQue's 126 questions two of five folds chose a link bonus that hurt their held-out fold); a config that
+    is as good within the noise and has fewer parts carries over better."""
+    best, best_score = None, None
+    for key in pool:  # on a tie the first key stays, as in _best
+        if best_score is None or score(key) > best_score:
+            best, best_score = key, score(key)
+
+    def per_question(key: str) -> list[float]:
+        return [sum(cands[d].scores[key][b][i][0] for b in budgets) / len(budgets) for d in cands for i in members[d]]
+
+    top = per_question(best)
+    within = []
+    for key in pool:
+        diff = [m - t for m, t in zip(per_question(key), top)]
+        if sum(diff) / len(diff) >= -standard_error(diff) - 1e-12:
+            within.append(key)
+    return min(within, key=lambda k: (complexity(cands_config(cands, k)), [-x for x in score(k)], k))
 
 
 def strongest(by_kind: Mapping[str, Mapping[str, float]], ids: Sequence[str]) -> Mapping[str, float]:
@@ -181,7 +244,8 @@ def standard_error(values: Sequence[float]) -> float:
 def crossfit(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[int] = (7, 10), k: int = 5,
              seed: int = 0, caps: Sequence[int] = CAPS, exclude: Iterable[str] = (),
              floors: Mapping | None = None, margin: float | str = 0.0,
-             ranker_factors: Mapping[str, float | Mapping[str, float]] | None = None) -> dict[str, Any]:
+             ranker_factors: Mapping[str, float | Mapping[str, float]] | None = None,
+             prefer: str = "recall") -> dict[str, Any]:
     """Cross-fitted recall of the tuning protocol at each budget, and the held-out curve of the chosen configs.
 
     ``rows_by_dataset``: one tuning folder's rows per dataset (one dataset = per-dataset configs; several =
@@ -192,7 +256,9 @@ def crossfit(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[in
     questions' mean reading cost, [Labeler pairs, ranker pairs, Filter inputs]. ``floors`` and ``margin``: the
     cheapest-that-keeps-the-bar rule of :func:`_best`, each fold's floors on its own choosing questions.
     ``ranker_factors``: per dataset, a ranker read's cost against a Labeler read, or one per ranker folder a row's
-    config names (:func:`ranker_factor_of`; default 1).
+    config names (:func:`ranker_factor_of`; default 1). ``prefer``: :func:`_best`'s final choice. Each fold
+    entry also holds its config's recall at each budget on the questions that chose it (``in_sample``) and on
+    the fold (``held_out``): their difference is how much the choice fitted its own questions.
     """
     cands = {d: Candidates(rows, caps, (ranker_factors or {}).get(d, 1.0)) for d, rows in rows_by_dataset.items()}
     skip = set(exclude)
@@ -203,10 +269,12 @@ def crossfit(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[in
     for f in range(k):
         train = {d: [i for i, q in enumerate(c.ids) if q in fold_of[d] and fold_of[d][q] != f] for d, c in cands.items()}
         test = {d: [i for i, q in enumerate(c.ids) if q in fold_of[d] and fold_of[d][q] == f] for d, c in cands.items()}
-        key = _best(cands, train, budgets, floors, margin)
+        key = _best(cands, train, budgets, floors, margin, prefer)
         chosen.append({"fold": f, "config": next(iter(cands.values())).config(key, max(budgets)),
                        "chosen_on": {d: len(v) for d, v in train.items()},
-                       "scored_on": {d: len(v) for d, v in test.items()}})
+                       "scored_on": {d: len(v) for d, v in test.items()},
+                       "in_sample": {d: {b: c.mean(key, b, train[d])[0] for b in budgets} for d, c in cands.items()},
+                       "held_out": {d: {b: c.mean(key, b, test[d])[0] for b in budgets} for d, c in cands.items()}})
         for d, c in cands.items():
             for cap in caps:
                 held[d][cap] += [c.scores[key][cap][i] for i in test[d]]
@@ -224,12 +292,13 @@ def crossfit(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[in
 def choose(rows_by_dataset: Mapping[str, Iterable[dict]], budgets: Sequence[int] = (7, 10),
            caps: Sequence[int] = CAPS, exclude: Iterable[str] = (), floors: Mapping | None = None,
            margin: float | str = 0.0,
-           ranker_factors: Mapping[str, float | Mapping[str, float]] | None = None) -> dict[str, Any]:
+           ranker_factors: Mapping[str, float | Mapping[str, float]] | None = None,
+           prefer: str = "recall") -> dict[str, Any]:
     """The config chosen on every question but ``exclude`` (to ship), with its in-sample recall (not held out)."""
     cands = {d: Candidates(rows, caps, (ranker_factors or {}).get(d, 1.0)) for d, rows in rows_by_dataset.items()}
     skip = set(exclude)
     members = {d: [i for i, q in enumerate(c.ids) if q not in skip] for d, c in cands.items()}
-    key = _best(cands, members, budgets, floors, margin)
+    key = _best(cands, members, budgets, floors, margin, prefer)
     return {"config": next(iter(cands.values())).config(key, max(budgets)),
             "chosen_on": {d: len(m) for d, m in members.items()},
             "in_sample": {d: {b: cands[d].mean(key, b, members[d])[0] for b in budgets} for d in cands}}

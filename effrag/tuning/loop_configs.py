@@ -53,7 +53,8 @@ def _describe(res: Mapping[str, Any], dataset: str) -> dict[str, Any]:
 def write_loop_configs(tunes: Mapping[str, str | Path | list], system: str | Path, *, budgets: Sequence[int] = (7, 10),
                        k: int = 5, seed: int = 0, exclude: Iterable[str] = (), floors: Mapping | None = None,
                        margin: float | str = 0.0,
-                       ranker_factors: Mapping[str, float | Mapping[str, float]] | None = None) -> dict[str, Any]:
+                       ranker_factors: Mapping[str, float | Mapping[str, float]] | None = None,
+                       prefer: str = "recall") -> dict[str, Any]:
     """Choose and write ``loop-<dataset>.json`` and ``loop.json`` into ``system``; returns every figure.
 
     ``exclude``: question ids that choose nothing and are scored in no fold (the quickstart's bundled
@@ -61,7 +62,8 @@ def write_loop_configs(tunes: Mapping[str, str | Path | list], system: str | Pat
     baseline -> recall per question id) and ``margin``: choose the cheapest config that keeps the bar
     (:func:`.crossfit._best`) instead of the best recall. ``tunes``: per dataset a tuning folder or its rows
     (e.g. from :func:`.evidence.read_evidence`); ``ranker_factors``: per dataset, a ranker read against a Labeler
-    read (default: from the model folders the setups name).
+    read (default: from the model folders the setups name). ``prefer="simple"``: the one-standard-error rule
+    (:func:`.crossfit.simplest_within_se`) makes the final choice.
     """
     rows = {d: f if isinstance(f, list) else read_rows(f) for d, f in tunes.items()}
     skip = sorted(set(exclude))
@@ -75,9 +77,9 @@ def write_loop_configs(tunes: Mapping[str, str | Path | list], system: str | Pat
                               "excluded": len(skip), "per_dataset": {}, "general": {}}
     factors = dict(ranker_factors) if ranker_factors is not None else {d: setup_ranker_factor(s)
                                                                          for d, s in setups.items()}
-    rule = {"floors": floors, "margin": margin, "ranker_factors": factors}
+    rule = {"floors": floors, "margin": margin, "ranker_factors": factors, "prefer": prefer}
     report["ranker_factors"] = factors
-    report["rule"] = ("cheapest that keeps the bar" if floors is not None else "best recall", margin)
+    report["rule"] = ("cheapest that keeps the bar" if floors is not None else "best recall", margin, prefer)
     for d, r in rows.items():
         own = {**rule, "floors": None if floors is None else {d: floors[d]}}
         held = crossfit({d: r}, budgets, k=k, seed=seed, exclude=skip, **own)
@@ -103,10 +105,13 @@ def _setup_of(rows: list[dict], config: Mapping[str, Any]) -> dict:
 
 
 def _write(path: Path, pick: Mapping[str, Any], retriever: str, crossfitted: Mapping[str, Any], chosen_on: str,
-           setup: Any, rule: tuple[str, float]) -> None:
+           setup: Any, rule: tuple) -> None:
     how = rule[0] if rule[0] == "best recall" else \
         f"{rule[0]}: the strongest Direct-R's recall on the same questions + " + (
             "one standard error of the per-question difference" if rule[1] == "se" else f"{100 * rule[1]:g} points")
+    if len(rule) > 2 and rule[2] == "simple":
+        how += ("; of those (the cheapest one's options but the pool weights), " if rule[0] != "best recall" else
+                ": ") + "the simplest config whose recall is within one standard error of the best's"
     config = dict(pick["config"])
     ranker = config.pop("ranker", None)  # which of the system's rankers: the file's, not a loop option
     path.write_text(json.dumps({

@@ -171,3 +171,40 @@ def test_rows_of_two_rankers_are_chosen_among_together_and_the_file_names_its_ra
         written = json.loads((tmp_path / "loop-d.json").read_text())
         assert written.get("ranker", "ranker") == want and "ranker" not in written["config"]
         build_config(tmp_path / "loop-d.json")  # a valid loop config: the ranker is the file's, not an option
+
+
+def _weighted(link: float, gold_at: dict[str, list[int]], cost=(1, 10, 0), **extra) -> dict:
+    row = _row("x", gold_at, cost=cost)
+    row["config"] = {"first_hop_k": extra.pop("first_hop_k", 10), "link_weight": link, "max_candidates": None, **extra}
+    return row
+
+
+def test_the_one_se_rule_prefers_fewer_bonuses_within_the_noise_and_not_beyond_it():
+    from effrag.tuning.crossfit import complexity
+
+    plain = _weighted(0.0, {q: [1] for q in IDS})  # one gold of two everywhere
+    lucky = _weighted(6.0, {q: ([1, 2] if q == IDS[0] else [1]) for q in IDS})  # one question better: noise
+    assert complexity(plain["config"]) == (0, 0.0) and complexity(lucky["config"]) == (1, 6.0)
+    assert choose({"d": [plain, lucky]}, budgets=[7])["config"]["link_weight"] == 6.0  # best recall
+    assert choose({"d": [plain, lucky]}, budgets=[7], prefer="simple")["config"]["link_weight"] == 0.0
+    better = _weighted(6.0, {q: [1, 2] for q in IDS})  # better on every question: beyond one standard error
+    assert choose({"d": [plain, better]}, budgets=[7], prefer="simple")["config"]["link_weight"] == 6.0
+    res = crossfit({"d": [plain, lucky]}, budgets=[7], k=4, prefer="recall")
+    for f in res["folds"]:  # each fold's config scored on its own choosing questions and on the fold
+        assert set(f["in_sample"]["d"]) == set(f["held_out"]["d"]) == {7}
+    lucky_folds = [f for f in res["folds"] if f["config"]["link_weight"] == 6.0]
+    assert lucky_folds and all(f["in_sample"]["d"][7] > f["held_out"]["d"][7] for f in lucky_folds)
+    with pytest.raises(ValueError, match="prefer"):
+        choose({"d": [plain]}, budgets=[7], prefer="fewest")
+
+
+def test_with_a_bar_the_one_se_rule_compares_the_cheapest_points_pool_weights_as_one():
+    floors = {"d": {7: {"bm25": {q: 0.0 for q in IDS}}}}
+    # the same cost point (first_hop_k 10); the bonus's noise made its reads a little cheaper
+    plain = _weighted(0.0, {q: [1] for q in IDS}, cost=(1, 10.2, 0))
+    lucky = _weighted(6.0, {q: ([1, 2] if q == IDS[0] else [1]) for q in IDS}, cost=(1, 10.0, 0))
+    dear = _weighted(0.0, {q: [1, 2] for q in IDS}, cost=(1, 30, 0), first_hop_k=30)  # best, but reads 3x
+    rows = {"d": [plain, lucky, dear]}
+    assert choose(rows, budgets=[7], floors=floors)["config"]["link_weight"] == 6.0  # cheapest by a hair
+    pick = choose(rows, budgets=[7], floors=floors, prefer="simple")["config"]
+    assert (pick["first_hop_k"], pick["link_weight"]) == (10, 0.0)

@@ -414,6 +414,7 @@ def test_the_committed_evidence_rebuilds_the_headline_table(tmp_path):
     shutil.copy(report / "evidence" / "2wikimqa.json.gz", ev)
     out = tmp_path / "out"
     proc = run_script("efficientrag_report", "--evidence", ev, "--output", out, "--rule", "cheapest", "--margin", "se",
+                      "--prefer", "simple",
                       "--data", tmp_path / "no-data")
     assert proc.returncode == 0, proc.stderr[-3000:]
 

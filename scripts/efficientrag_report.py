@@ -33,22 +33,35 @@ from effrag.evaluation.report import md_table
 
 TABLE_KS = (7, 10, 20, 30)
 KINDS = ("bm25", "dense", "hybrid")
-TARGETS = {7: 20, 10: 30}  # chunks -> the Direct-R depth EfficientRAG must reach
+TARGETS = {7: 20, 10: 30}  # chunks -> the Direct-R depth EfficientRAG must reach (the default of --targets)
+DEFAULT_ENCODER = "minilm"
 
 
-def direct_r(data: Path, dataset: str, skip: set[str]) -> tuple[dict[str, dict[int, float]], dict]:
+def kinds_of(direct: dict[str, dict[int, float]]) -> list[str]:
+    """The baselines of a dataset's Direct-R table, in order: BM25, then dense and hybrid per encoder."""
+    return [kd for kd in direct if not kd.endswith("-own-k")]
+
+
+def kind_name(kind: str, encoder: str) -> str:
+    return kind if encoder == DEFAULT_ENCODER or kind == "bm25" else f"{kind}-{encoder}"
+
+
+def direct_r(data: Path, dataset: str, skip: set[str], encoders=(DEFAULT_ENCODER,),
+             depths=tuple(sorted(set(TARGETS.values())))) -> tuple[dict[str, dict[int, float]], dict]:
     """Direct-R recall at k = 1..30 for each retriever kind, on the dev questions not in ``skip``: the top 30 cut
     at k (``effrag eval --k 1 ... --k 30``); for hybrid, the better of that and fusing each retriever's own top k
     (``effrag eval --retriever hybrid --k K``), so that the baseline is the stronger of the two. Also each
-    question's recall at the target depths (:data:`TARGETS`), per kind (hybrid's two forms apart): the floors the
-    cheapest-that-keeps-the-bar rule measures on each fold's own questions."""
+    question's recall at the target ``depths``, per kind (hybrid's two forms apart): the floors the
+    cheapest-that-keeps-the-bar rule measures on each fold's own questions. Dense and hybrid run with each of
+    ``encoders`` (named ``dense-<encoder>`` but for the default MiniLM), so the bar is the strongest of them all."""
     from effrag.evaluation.metrics import recall
     from effrag.setup import RunSetup
 
     out, per_q = {}, {}
-    for kind in KINDS:
+    for kind, encoder in [("bm25", None)] + [(kd, enc) for enc in encoders for kd in KINDS if kd != "bm25"]:
         run = RunSetup.build(data / dataset / "dev.jsonl", corpus_from=[data / dataset / "train.jsonl"], retriever=kind,
-                             bf16=True)
+                             bf16=True, encoder=None if encoder in (None, DEFAULT_ENCODER) else encoder)
+        kind = kind_name(kind, encoder or DEFAULT_ENCODER)
         keep = [i for i, q in enumerate(run.questions) if q.id not in skip]
         texts, gold = [run.texts[i] for i in keep], [run.gold[i] for i in keep]
         ids = [run.questions[i].id for i in keep]
@@ -56,41 +69,42 @@ def direct_r(data: Path, dataset: str, skip: set[str]) -> tuple[dict[str, dict[i
         top = run.retriever.search(texts, max(ks))
         each = lambda hits: [recall([h.id for h in hs], g) for hs, g in zip(hits, gold)]  # noqa: E731
         out[kind] = {k: sum(each([h[:k] for h in top])) / len(gold) for k in ks}
-        per_q[kind] = {k: dict(zip(ids, each([h[:k] for h in top]))) for k in TARGETS.values()}
-        if kind == "hybrid":  # fusing each retriever's own top k can beat the fused top 30 cut at k: the better one
+        per_q[kind] = {k: dict(zip(ids, each([h[:k] for h in top]))) for k in depths}
+        if kind.startswith("hybrid"):  # fusing each retriever's own top k can beat the fused top 30 cut at k: the better one
             own = {k: each(run.retriever.search(texts, k)) for k in ks}
             out[kind] = {k: max(v, sum(own[k]) / len(gold)) for k, v in out[kind].items()}
-            per_q["hybrid-own-k"] = {k: dict(zip(ids, own[k])) for k in TARGETS.values()}
+            per_q[f"{kind}-own-k"] = {k: dict(zip(ids, own[k])) for k in depths}
     return out, per_q
 
 
-def floors_of(per_q: dict, budgets) -> dict:
+def floors_of(per_q: dict, budgets, targets=TARGETS) -> dict:
     """dataset -> budget -> baseline -> recall per question at the budget's target depth (``crossfit`` floors)."""
-    return {ds: {b: {kind: by_k[TARGETS[b]] for kind, by_k in kinds.items()} for b in budgets if b in TARGETS}
+    return {ds: {b: {kind: by_k[targets[b]] for kind, by_k in kinds.items()} for b in budgets if b in targets}
             for ds, kinds in per_q.items()}
 
 
 def strongest(direct: dict[str, dict[int, float]], k: int) -> tuple[str, float]:
-    kind = max(KINDS, key=lambda kd: direct[kd][k])
+    kind = max(kinds_of(direct), key=lambda kd: direct[kd][k])
     return kind, direct[kind][k]
 
 
-def table2(report: dict, direct: dict, budgets) -> str:
-    head = ["dataset (questions)", *(f"{kd} @{k}" for kd in KINDS for k in TABLE_KS),
+def table2(report: dict, direct: dict, budgets, targets=TARGETS) -> str:
+    kinds = kinds_of(next(iter(direct.values())))
+    head = ["dataset (questions)", *(f"{kd} @{k}" for kd in kinds for k in TABLE_KS),
             *(f"EfficientRAG <= {b}, loop-<dataset>.json" for b in budgets),
             *(f"EfficientRAG <= {b}, loop.json" for b in budgets), "read per question (Labeler / ranker / Filter)",
-            *(f"target <= {b} chunks vs strongest @{TARGETS[b]}" for b in budgets if b in TARGETS)]
+            *(f"target <= {b} chunks vs strongest @{targets[b]}" for b in budgets if b in targets)]
     rows = []
     for ds, dr in direct.items():
         own = report["per_dataset"][ds]["crossfit"]["datasets"][ds]
         gen = report["general"]["crossfit"]["datasets"][ds]
-        cells = [f"{ds} ({own['n']})", *(f"{100 * dr[kd][k]:.1f}" for kd in KINDS for k in TABLE_KS)]
+        cells = [f"{ds} ({own['n']})", *(f"{100 * dr[kd][k]:.1f}" for kd in kinds for k in TABLE_KS)]
         cells += [f"**{100 * own['recall'][b]:.1f}**" for b in budgets]
         cells += [f"{100 * gen['recall'][b]:.1f}" for b in budgets]
         cells.append(" / ".join(f"{x:.1f}" for x in own["forwards"]))
         for b in budgets:
-            if b in TARGETS:
-                kind, bar = strongest(dr, TARGETS[b])
+            if b in targets:
+                kind, bar = strongest(dr, targets[b])
                 best = max(own["recall"][b], gen["recall"][b])
                 cells.append(f"{'met' if own['recall'][b] >= bar else 'missed'} ({100 * (own['recall'][b] - bar):+.1f} "
                              f"vs {kind} {100 * bar:.1f}; loop.json {100 * (gen['recall'][b] - bar):+.1f})"
@@ -205,6 +219,12 @@ def main(argv=None) -> int:
     p.add_argument("--system", type=Path, help="write loop-<dataset>.json and loop.json into this system folder")
     p.add_argument("--output", required=True, type=Path)
     p.add_argument("--budgets", type=int, nargs="+", default=[7, 10])
+    p.add_argument("--targets", nargs="+", default=[f"{b}={d}" for b, d in TARGETS.items()], metavar="CHUNKS=DEPTH",
+                   help="the bar of each budget: EfficientRAG with at most CHUNKS against the strongest Direct-R@DEPTH "
+                        "(default 7=20 10=30)")
+    p.add_argument("--encoders", nargs="+", default=[DEFAULT_ENCODER], metavar="ALIAS|PATH",
+                   help="the baseline's dense and hybrid run with each (e.g. minilm e5-small): the bar is the strongest "
+                        "of them all; the loop's own retriever is the tuning folders'")
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rule", choices=("best", "cheapest"), default="best",
@@ -217,6 +237,10 @@ def main(argv=None) -> int:
                         "pool bonuses) within one standard error of the best (issue #48's noise-resistant rule)")
     p.add_argument("--keep-sample", action="store_true", help="let the bundled sample's dev questions choose too")
     args = p.parse_args(argv)
+    try:
+        targets = {int(b): int(d) for b, _, d in (t.partition("=") for t in args.targets)}
+    except ValueError:
+        p.error(f"--targets {' '.join(args.targets)}: expected CHUNKS=DEPTH pairs, e.g. 7=20 10=30")
     from effrag.tuning.evidence import read_evidence, write_evidence
     from effrag.tuning.loop_configs import read_rows, setup_ranker_factor, write_loop_configs
 
@@ -257,22 +281,28 @@ def main(argv=None) -> int:
         both = {ds: (e["direct_r"], e["direct_r_per_question"]) for ds, e in evidence.items()}
         factors = {ds: e["ranker_factor"] for ds, e in evidence.items()}
     else:
-        both = {ds: direct_r(args.data, ds, set(skip)) for ds in tunes}
+        both = {ds: direct_r(args.data, ds, set(skip), args.encoders, tuple(sorted(set(targets.values()))))
+                for ds in tunes}
         factors = {ds: by_ranker if len(by_ranker) > 1 else next(iter(by_ranker.values()))
                    for ds, by_ranker in tagged.items()}
         for ds, rows in tunes.items():
             write_evidence(args.output / "evidence" / f"{ds}.json.gz", ds, rows, *both[ds], ranker_factor=factors[ds])
     direct = {ds: d for ds, (d, _) in both.items()}
-    floors = floors_of({ds: q for ds, (_, q) in both.items()}, args.budgets) if args.rule == "cheapest" else None
+    for ds, (_, per_q) in both.items():
+        held = {int(k) for by_k in per_q.values() for k in by_k}
+        if args.rule == "cheapest" and not set(targets.values()) <= held:
+            p.error(f"--targets: {ds}'s per-question Direct-R recall is at depths {sorted(held)} only")
+    floors = (floors_of({ds: q for ds, (_, q) in both.items()}, args.budgets, targets) if args.rule == "cheapest"
+              else None)
     report = write_loop_configs(tunes, system, budgets=args.budgets, k=args.folds, seed=args.seed, exclude=skip,
                                 floors=floors, margin=margin, ranker_factors=factors, prefer=args.prefer)
     report["direct_r"] = {ds: {kd: {str(k): v for k, v in c.items()} for kd, c in d.items()} for ds, d in direct.items()}
-    t2 = table2(report, direct, args.budgets)
+    t2 = table2(report, direct, args.budgets, targets)
     cv, plot = curve(report, direct)
     who = ("every dev question except the bundled sample's (the quickstart's)" if skip else "every dev question")
     how = (f"best mean recall at {' and '.join(map(str, args.budgets))} chunks" if args.rule == "best" else
            f"the config that reads least among those whose recall at {' and '.join(map(str, args.budgets))} chunks "
-           f"keeps the strongest Direct-R@{' and @'.join(str(TARGETS[b]) for b in args.budgets if b in TARGETS)} of "
+           f"keeps the strongest Direct-R@{' and @'.join(str(targets[b]) for b in args.budgets if b in targets)} of "
            "the same questions + " + ("one standard error of the per-question difference" if margin == "se" else
                                       f"{args.margin} points") + ", else the best recall")
     if args.prefer == "simple":

@@ -398,6 +398,14 @@ def test_report_chooses_shipped_configs_and_cross_fits_them_against_three_retrie
     assert again["config"] == first
     assert again["chosen_on"]["rule"].startswith("cheapest that keeps the bar") and "+ 101 points" in \
         again["chosen_on"]["rule"]
+    # other bars: at most 5 chunks against Direct-R@20; a malformed bar is one line naming the option
+    proc = run_script("efficientrag_report", "--evidence", out / "evidence", "--output", tmp_path / "five",
+                      "--keep-sample", "--folds", "2", "--budgets", "5", "10", "--targets", "5=20", "10=30")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "target <= 5 chunks vs strongest @20" in (tmp_path / "five" / "table2.md").read_text()
+    proc = run_script("efficientrag_report", "--evidence", out / "evidence", "--output", tmp_path / "bad",
+                      "--targets", "5:20")
+    assert proc.returncode == 2 and "--targets 5:20: expected CHUNKS=DEPTH" in proc.stderr
 
 
 def test_the_committed_evidence_rebuilds_the_headline_table(tmp_path):

@@ -143,3 +143,21 @@ if __name__ == "__main__":  # writes the golden file (once, from the code the re
     GOLDEN.parent.mkdir(exist_ok=True)
     GOLDEN.write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
     print(f"wrote {GOLDEN}: {sum(map(len, rows.values()))} rows in {len(rows)} runs")
+
+
+def test_every_committed_predictions_row_reads_back_unchanged():
+    """Each committed predictions.jsonl row (reports, checkpoints) reads back through Prediction.from_row and writes
+    out as the same row: no committed run is in an older row schema a reader would have to special-case."""
+    import subprocess
+
+    from effrag.evaluation.predictions import Prediction
+
+    root = Path(__file__).resolve().parents[2]
+    files = subprocess.run(["git", "ls-files", "*predictions.jsonl"], cwd=root, capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert len(files) > 50
+    for f in files:
+        for n, line in enumerate((root / f).read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                row = json.loads(line)
+                assert Prediction.from_row(row, f"{f}:{n}").to_row() == row, f"{f}:{n}"

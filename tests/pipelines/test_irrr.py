@@ -15,7 +15,8 @@ import torch
 from data_synthesis.irrr_oracle import make_rank_fn, oracle_query, overlapping_spans, path_segments
 from data_synthesis.irrr_steps import build_irrr_data
 from effrag.data import Corpus, Passage, build_corpus, load_questions, sample_path
-from effrag.training.tasks.irrr import StepCollator, check_irrr_record, featurize_irrr, irrr_metrics, irrr_stats, STAT_NAMES
+from effrag.training.tasks.base import group_collator
+from effrag.training.tasks.irrr import SEQ_KEYS, check_irrr_record, featurize_irrr, irrr_metrics, irrr_stats, STAT_NAMES
 from effrag.models import IRRRModel, load_model
 from effrag.models.irrr import NOANSWER, SPAN, YES, answerability
 from effrag.models.spans import best_spans
@@ -159,7 +160,7 @@ def test_path_layout_cont_token_labels_and_truncation(electra):
 
 # -- heads and losses -----------------------------------------------------------------------------
 def _batch(model, recs):
-    return StepCollator(model.tokenizer.pad_token_id)(featurize_irrr(model, recs, model.max_length))
+    return group_collator(SEQ_KEYS)(model.tokenizer.pad_token_id)(featurize_irrr(model, recs, model.max_length))
 
 
 def test_heads_shapes_losses_and_training_signal(electra, sample_steps):

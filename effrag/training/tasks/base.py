@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from functools import partial
+from typing import Callable, Sequence
 
 import torch
 
-from ...models.tokenization import IGNORE
+from ...models.tokenization import IGNORE, pad_batch
 
 
 @dataclass
@@ -25,6 +26,32 @@ class Task:
 
 
 TASKS: dict[str, Task] = {}
+
+
+class GroupCollator:
+    """A batch of groups of sequences (IRRR's steps, the ranker's candidate groups) -> one padded batch of the
+    sequences, ``rank_group`` = each sequence's group in the batch (and ``group``, the groups' own ids, when the
+    features carry them). ``keys``: a sequence's fields kept; a field a sequence leaves None is left out."""
+
+    def __init__(self, keys: Sequence[str], pad_token_id: int, pad_values: dict | None = None):
+        self.keys, self.pad_token_id = tuple(keys), pad_token_id
+
+    def __call__(self, features: list[dict]) -> dict:
+        flat, group = [], []
+        for i, f in enumerate(features):
+            for s in f["seqs"]:
+                flat.append({k: s[k] for k in self.keys if s.get(k) is not None})
+                group.append(i)
+        batch = pad_batch(flat, self.pad_token_id)
+        batch["rank_group"] = torch.tensor(group, dtype=torch.long)
+        if "group" in features[0]:
+            batch["group"] = torch.tensor([f["group"] for f in features], dtype=torch.long)
+        return batch
+
+
+def group_collator(keys: Sequence[str]) -> Callable:
+    """A :attr:`Task.collate` for features that are groups of sequences with these ``keys``."""
+    return partial(GroupCollator, tuple(keys))
 
 
 def register_task(task: Task) -> Task:

@@ -1,7 +1,7 @@
 """The ``irrr`` training task: step records -> one query sequence + one sequence per candidate.
 
 A feature is a whole step (so the reranker's softmax sees all candidates of a path
-in one batch); :class:`StepCollator` flattens a batch of steps into sequences and
+in one batch); :func:`.base.group_collator` flattens a batch of steps into sequences and
 tags each with its step's index in the batch (``rank_group``). The query sequence of
 a step has ``rank_label`` IGNORE, so it is left out of the reranker's softmax.
 """
@@ -12,8 +12,8 @@ import torch
 from ...models.irrr import ANSWER_TYPES, NOANSWER, IRRRModel
 from ...models.spans import best_spans
 from ...models.irrr_encoding import find_answer
-from ...models.tokenization import IGNORE, pad_batch
-from .base import TOKEN_STATS, Task, ratio, register_task, token_metrics, token_stats
+from ...models.tokenization import IGNORE
+from .base import TOKEN_STATS, Task, group_collator, ratio, register_task, token_metrics, token_stats
 
 SEQ_KEYS = ("input_ids", "token_type_ids", "attention_mask", "labels", "answer_type", "start_positions",
             "end_positions", "rank_label")
@@ -61,23 +61,6 @@ def featurize_irrr(model: IRRRModel, records: list[dict], max_length: int) -> li
             seqs.append(_seq(enc, answer_type=at, start=start, end=end, rank_label=int(c["gold"])))
         feats.append({"seqs": seqs, "length": sum(len(x["input_ids"]) for x in seqs)})
     return feats
-
-
-class StepCollator:
-    def __init__(self, pad_token_id: int, pad_values: dict | None = None):
-        self.pad_token_id = pad_token_id
-
-    def __call__(self, features: list[dict]) -> dict:
-        flat, group = [], []
-        for i, f in enumerate(features):
-            for s in f["seqs"]:
-                flat.append({k: s[k] for k in SEQ_KEYS})
-                group.append(i)
-        batch = pad_batch(flat, self.pad_token_id)
-        batch["rank_group"] = torch.tensor(group, dtype=torch.long)
-        if "group" in features[0]:
-            batch["group"] = torch.tensor([f["group"] for f in features], dtype=torch.long)
-        return batch
 
 
 STAT_NAMES = TOKEN_STATS + ["type_correct", "n_cands", "answerable", "answerable_correct", "rank_top1",
@@ -141,5 +124,5 @@ register_task(Task(
     batch_stats=irrr_stats,
     summarize=irrr_metrics,
     default_metric="score",
-    collate=StepCollator,
+    collate=group_collator(SEQ_KEYS),
 ))

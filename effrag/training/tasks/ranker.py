@@ -3,7 +3,7 @@
 A record (``data_synthesis.ranker_groups``) is ``{"qid", "dataset", "hop", "query", "candidates":
 [{"chunk_id", "title", "text", "gold"}, ...]}``: one gold chunk of the question with the hard negatives
 of the same query. A feature is the whole group, so the listwise loss always sees every candidate of a
-group in one batch; :class:`GroupCollator` flattens a batch of groups into pairs and tags each pair with
+group in one batch; :func:`.base.group_collator` flattens a batch of groups into pairs and tags each pair with
 its group's index (``rank_group``), as IRRR's steps are.
 """
 from __future__ import annotations
@@ -13,9 +13,8 @@ import math
 import torch
 
 from ...models.ranker import RankerModel
-from ...models.tokenization import pad_batch
 from ...text import chunk_text, words_batch
-from .base import Task, ratio, register_task
+from .base import Task, group_collator, ratio, register_task
 
 PAIR_KEYS = ("input_ids", "token_type_ids", "attention_mask", "rank_label", "rank_teacher")
 
@@ -61,25 +60,6 @@ def featurize_ranker(model: RankerModel, records: list[dict], max_length: int) -
     return feats
 
 
-class GroupCollator:
-    """A batch of groups -> one padded batch of pairs, ``rank_group`` = each pair's group in the batch."""
-
-    def __init__(self, pad_token_id: int, pad_values: dict | None = None):
-        self.pad_token_id = pad_token_id
-
-    def __call__(self, features: list[dict]) -> dict:
-        flat, group = [], []
-        for i, f in enumerate(features):
-            for s in f["seqs"]:
-                flat.append({k: s[k] for k in PAIR_KEYS if s.get(k) is not None})
-                group.append(i)
-        batch = pad_batch(flat, self.pad_token_id)
-        batch["rank_group"] = torch.tensor(group, dtype=torch.long)
-        if "group" in features[0]:
-            batch["group"] = torch.tensor([f["group"] for f in features], dtype=torch.long)
-        return batch
-
-
 STAT_NAMES = ["top1", "reciprocal_rank", "gold_in_top3", "loss_sum", "n"]
 
 
@@ -115,5 +95,5 @@ register_task(Task(
     batch_stats=ranker_stats,
     summarize=ranker_metrics,
     default_metric="mrr",
-    collate=GroupCollator,
+    collate=group_collator(PAIR_KEYS),
 ))

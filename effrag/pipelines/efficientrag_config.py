@@ -2,13 +2,14 @@
 
 Its own module because the tuner (:mod:`effrag.tuning`), the service and the loop config files
 (``loop-<dataset>.json``) need the options without the loop; :mod:`.efficientrag` re-exports them.
-Every option's type, range and allowed values are one :class:`Rule` in :data:`RULES`: the one check
-behind the CLI flags, loop config files, ``from_pretrained``, the service's config and the HTTP API.
+Each option is declared once, as a field with its default, its :class:`Rule` (type, range, allowed values) and
+its help (:func:`option`); :data:`RULES`, the CLI flags (:func:`cli_flags`) and the docs table
+(:func:`options_table`) are read off the fields: a new option is one field.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from numbers import Integral, Real
 from typing import Any
 
@@ -67,41 +68,6 @@ class Rule:
             (self.min is None or value >= self.min) and (self.max is None or value <= self.max)
 
 
-# one line per option: a new EfficientRAGConfig field adds its rule here (tests check that every field has one)
-RULES: dict[str, Rule] = {
-    "hop_k": Rule(int, min=1),
-    "first_hop_k": Rule(int, min=1, optional=True),
-    "max_hops": Rule(int, min=1),
-    "tag_threshold": Rule(float, min=0, max=1),
-    "token_threshold": Rule(float, min=0, max=1),
-    "filter_threshold": Rule(float, min=0, max=1),
-    "query_mode": Rule(str, choices=QUERY_MODES),
-    "dedup": Rule(str, choices=DEDUP_MODES),
-    "max_branches": Rule(int, min=1),
-    "max_candidates": Rule(int, min=1, optional=True),
-    "min_candidates": Rule(int, min=0),
-    "pool_order": Rule(str, choices=POOL_ORDERS),
-    "pool_source": Rule(str, choices=POOL_SOURCES),
-    "retrieval_weight": Rule(float),
-    "requery_weight": Rule(float),
-    "relabel_weight": Rule(float),
-    "query_chunks": Rule(int, min=1, optional=True),
-    "chunk_format": Rule(str, choices=CHUNK_FORMATS),
-    "batch_size": Rule(int, min=1),
-    "labeler_max_length": Rule(int, min=1, optional=True),
-    "ranker_max_length": Rule(int, min=8, optional=True),
-    "filter_max_length": Rule(int, min=1, optional=True),
-    "bf16": Rule(bool),
-    "int8": Rule(bool),
-    "stop_at_pool": Rule(int, min=1, optional=True),
-    "prune_last_hop": Rule(bool),
-    "labeler_top": Rule(int, min=1, optional=True),
-    "rescore_top": Rule(int, min=0),
-    "rank_query": Rule(str, choices=RANK_QUERIES),
-    "link_weight": Rule(float, min=0),
-    "backlink_weight": Rule(float, min=0),
-    "link_top": Rule(int, min=1),
-}
 
 
 def check_options(options: Any, where: str, prefix: str = "") -> None:
@@ -117,6 +83,13 @@ def check_options(options: Any, where: str, prefix: str = "") -> None:
     for key, value in options.items():
         if not RULES[key].accepts(value):
             raise ValueError(f"{where}: {prefix}{key} must be {RULES[key].describe()}, got {value!r}")
+
+
+def option(default: Any, rule: Rule, help: str, flag: str | None = None, dest: str | None = None):
+    """One loop option, declared once: its default, its :class:`Rule` and its help. :data:`RULES`, the CLI flags
+    (:func:`cli_flags`), the service's request schema and the docs table (:func:`options_table`) are derived from
+    these fields. ``flag``/``dest``: the command-line name where ``--<name>`` is taken by a shared option."""
+    return field(default=default, metadata={"rule": rule, "help": help, "flag": flag, "dest": dest})
 
 
 @dataclass
@@ -195,38 +168,68 @@ class EfficientRAGConfig:
     query); the pool is the Labeler used as a reranker of everything the loop retrieved.
     """
 
-    hop_k: int = 10
-    first_hop_k: int | None = None
-    max_hops: int = 4  # as the paper's released code (MAX_ITER = 4)
-    tag_threshold: float = 0.5
-    token_threshold: float = 0.5
-    filter_threshold: float = 0.5
-    query_mode: str = "merged"
-    dedup: str = "refill"
-    max_branches: int = 4
-    max_candidates: int | None = None
-    min_candidates: int = 0
-    pool_order: str = "hop"
-    pool_source: str = "continue"
-    retrieval_weight: float = 1.0
-    requery_weight: float = 0.0
-    relabel_weight: float = 0.0
-    query_chunks: int | None = None
-    chunk_format: str = "title_text"
-    batch_size: int = 32
-    labeler_max_length: int | None = None
-    ranker_max_length: int | None = None
-    filter_max_length: int | None = None
-    bf16: bool = False
-    int8: bool = False
-    stop_at_pool: int | None = None
-    prune_last_hop: bool = False
-    labeler_top: int | None = None
-    rescore_top: int = 0
-    rank_query: str = "query"
-    link_weight: float = 0.0
-    backlink_weight: float = 0.0
-    link_top: int = 5
+    hop_k: int = option(10, Rule(int, min=1), "chunks retrieved per query per hop (default 10)")
+    first_hop_k: int | None = option(None, Rule(int, min=1, optional=True),
+                                     "chunks retrieved for the question at hop 0 (default: hop_k)")
+    max_hops: int = option(4, Rule(int, min=1),  # as the paper's released code (MAX_ITER = 4)
+                           "retrieval rounds, hop 0 included (default 4)")
+    tag_threshold: float = option(0.5, Rule(float, min=0, max=1),
+                                  "p(<Continue>) needed to keep a chunk and go on (default 0.5)")
+    token_threshold: float = option(0.5, Rule(float, min=0, max=1), "keep probability of a chunk word (default 0.5)")
+    filter_threshold: float = option(0.5, Rule(float, min=0, max=1),
+                                     "keep probability of a next-query word (default 0.5)")
+    query_mode: str = option("merged", Rule(str, choices=QUERY_MODES),
+                             "merged: one next query per hop; per_chunk: one per <Continue> chunk")
+    dedup: str = option("refill", Rule(str, choices=DEDUP_MODES), "refill: up to hop_k unseen chunks per query; "
+                        "drop: seen chunks just leave the top hop_k")
+    max_branches: int = option(4, Rule(int, min=1), "per_chunk mode: next queries per question per hop (default 4)")
+    max_candidates: int | None = option(None, Rule(int, min=1, optional=True),
+                                        "cap on the candidate pool (default: none)")
+    min_candidates: int = option(0, Rule(int, min=0),
+                                 "top up the pool with the likeliest <Terminate> chunks (default 0)")
+    pool_order: str = option("hop", Rule(str, choices=POOL_ORDERS), "hop: earlier hop, then p(<Continue>); fused: "
+                             "p(<Continue>) + weight x retrieval score; fused_logit: logit p(<Continue>) + weight x "
+                             "retrieval score; rank: the ranker's logit - weight x log(1 + retrieval rank)")
+    pool_source: str = option("continue", Rule(str, choices=POOL_SOURCES),
+                              "continue: pool of <Continue> chunks (paper); seen: rank every chunk the Labeler read")
+    retrieval_weight: float = option(1.0, Rule(float), "fused and rank orders: weight of the retriever's score or "
+                                     "rank (default 1.0)")
+    requery_weight: float = option(0.0, Rule(float), "fused and rank orders: weight of a chunk's best score or rank "
+                                   "under the later hops' queries (default 0: off)")
+    relabel_weight: float = option(0.0, Rule(float), "fused orders: weight of a chunk's best p(<Continue>) when the "
+                                   "Labeler rereads it under a later hop's query (default 0: off)")
+    query_chunks: int | None = option(None, Rule(int, min=1, optional=True), "merged queries: <Continue> chunks "
+                                      "(most confident first) whose kept words feed the next query (default: all)")
+    chunk_format: str = option("title_text", Rule(str, choices=CHUNK_FORMATS),
+                               "what a model reads of a chunk: title_text (default) or text")
+    batch_size: int = option(32, Rule(int, min=1), "Labeler/Filter/ranker forward batch size (default 32)",
+                             flag="--er-batch-size", dest="er_batch_size")
+    labeler_max_length: int | None = option(None, Rule(int, min=1, optional=True),
+                                            "Labeler input length in sub-tokens (default: the trained length)")
+    ranker_max_length: int | None = option(None, Rule(int, min=8, optional=True), "the ranker's input length in "
+                                           "sub-tokens (default: labeler_max_length, else the trained length)")
+    filter_max_length: int | None = option(None, Rule(int, min=1, optional=True),
+                                           "Filter input length in sub-tokens (default: the trained length)")
+    bf16: bool = option(False, Rule(bool), "bf16 autocast for the loop's models (fp32 on CPUs without native bf16)",
+                        flag="--er-bf16", dest="er_bf16")
+    int8: bool = option(False, Rule(bool), "int8 dynamic quantization of the Labeler/Filter Linear layers (CPU)",
+                        flag="--er-int8")
+    stop_at_pool: int | None = option(None, Rule(int, min=1, optional=True), "end a question's loop once its pool "
+                                      "holds this many <Continue> chunks (default: off)")
+    prune_last_hop: bool = option(False, Rule(bool),
+                                  "skip last-hop chunks that cannot enter the capped pool (exact)")
+    labeler_top: int | None = option(None, Rule(int, min=1, optional=True), "with a ranker: the Labeler reads only "
+                                     "each hop's N best-ranked new chunks (default: all)")
+    rescore_top: int = option(0, Rule(int, min=0), "with a ranker: it reads again, under a later hop's query, the "
+                              "earlier chunks among that query's top N hits (default 0: off)")
+    rank_query: str = option("query", Rule(str, choices=RANK_QUERIES), "with a ranker: what it reads a later hop's "
+                             "chunks under, the hop's query (query) or the Filter's input, query + Info: kept words "
+                             "(info)")
+    link_weight: float = option(0.0, Rule(float, min=0), "rank order: bonus of a chunk whose title one of the "
+                                "link_top best chunks names (default 0: off)")
+    backlink_weight: float = option(0.0, Rule(float, min=0), "rank order: bonus of a chunk whose text names the title "
+                                    "of one of the link_top best chunks (default 0: off)")
+    link_top: int = option(5, Rule(int, min=1), "the best chunks whose links the link bonuses follow (default 5)")
 
     def __post_init__(self) -> None:
         for f in fields(self):  # type, range, allowed values: RULES
@@ -257,6 +260,38 @@ class EfficientRAGConfig:
         resume."""
         d = asdict(self)
         return {k: v for k, v in d.items() if k not in _ADDED_DEFAULTS or v != _ADDED_DEFAULTS[k]}
+
+
+# each option's rule, read off its field: the one check behind the CLI flags, loop config files,
+# from_pretrained, the service's config and the HTTP API
+RULES: dict[str, Rule] = {f.name: f.metadata["rule"] for f in fields(EfficientRAGConfig)}
+
+
+@dataclass(frozen=True)
+class Flag:
+    """The command-line flag of one loop option (:func:`cli_flags`)."""
+
+    name: str  # the field
+    flag: str
+    dest: str
+    rule: Rule
+    help: str
+
+
+def cli_flags() -> list[Flag]:
+    """Every loop option's flag, in field order: ``--<name with dashes>`` unless the field names another."""
+    return [Flag(f.name, f.metadata["flag"] or "--" + f.name.replace("_", "-"), f.metadata["dest"] or f.name,
+                 f.metadata["rule"], f.metadata["help"]) for f in fields(EfficientRAGConfig)]
+
+
+def options_table() -> str:
+    """The loop options as a Markdown table (name, default, accepted values, what it does): the docs' table."""
+    default = EfficientRAGConfig()
+    rows = ["| option | default | accepts | what it does |", "|---|---|---|---|"]
+    for f in fields(EfficientRAGConfig):
+        rows.append(f"| `{f.name}` | `{getattr(default, f.name)!r}` | {f.metadata['rule'].describe()} | "
+                    f"{f.metadata['help']} |")
+    return "\n".join(rows) + "\n"
 
 
 def build_config(config: EfficientRAGConfig | dict | str | None = None, **overrides: Any) -> EfficientRAGConfig:

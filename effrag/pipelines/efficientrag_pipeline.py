@@ -19,45 +19,9 @@ from typing import Any, Sequence
 
 from .base import Pipeline, register_pipeline
 from .efficientrag import EfficientRAGLoop, load_models
-from .efficientrag_config import (DEDUP_MODES, POOL_ORDERS, POOL_SOURCES, QUERY_MODES, RANK_QUERIES,
-                                  EfficientRAGConfig, build_config)
+from .efficientrag_config import EfficientRAGConfig, build_config, cli_flags
 from .generation import Generator, answer_results
 from .result import Result
-
-_FLAGS = {  # effrag eval flag -> (type, help); dest = config field (except --er-batch-size -> batch_size)
-    "--hop-k": (int, "chunks retrieved per query per hop (default 10)"),
-    "--first-hop-k": (int, "chunks retrieved for the question at hop 0 (default: --hop-k)"),
-    "--max-hops": (int, "retrieval rounds, hop 0 included (default 4)"),
-    "--tag-threshold": (float, "p(<Continue>) needed to keep a chunk and go on (default 0.5)"),
-    "--token-threshold": (float, "keep probability of a chunk word (default 0.5)"),
-    "--filter-threshold": (float, "keep probability of a next-query word (default 0.5)"),
-    "--query-mode": (str, "merged: one next query per hop; per_chunk: one per <Continue> chunk"),
-    "--dedup": (str, "refill: up to hop-k unseen chunks per query; drop: seen chunks just leave the top hop-k"),
-    "--max-branches": (int, "per_chunk mode: next queries per question per hop (default 4)"),
-    "--max-candidates": (int, "cap on the candidate pool (default: none)"),
-    "--min-candidates": (int, "top up the pool with the likeliest <Terminate> chunks (default 0)"),
-    "--pool-order": (str, "hop: earlier hop, then p(<Continue>); fused: p(<Continue>) + weight x retrieval score; "
-                    "fused_logit: logit p(<Continue>) + weight x retrieval score; rank: the ranker's logit - "
-                    "weight x log(1 + retrieval rank)"),
-    "--pool-source": (str, "continue: pool of <Continue> chunks (paper); seen: rank every chunk the Labeler read"),
-    "--retrieval-weight": (float, "pool-order fused: weight of the retriever's score (default 1.0)"),
-    "--requery-weight": (float, "pool-order fused: weight of a chunk's best score under the later hops' queries "
-                         "(default 0: off)"),
-    "--relabel-weight": (float, "pool-order fused: weight of a chunk's best p(<Continue>) when the Labeler rereads "
-                         "it under a later hop's query (default 0: off)"),
-    "--query-chunks": (int, "merged queries: <Continue> chunks (most confident first) whose kept words feed the "
-                       "next query (default: all)"),
-    "--er-batch-size": (int, "Labeler/Filter forward batch size (default 32)"),
-    "--labeler-max-length": (int, "Labeler input length in sub-tokens (default: the trained length)"),
-    "--ranker-max-length": (int, "with --ranker: its input length in sub-tokens (default: --labeler-max-length, "
-                            "else the trained length)"),
-    "--stop-at-pool": (int, "end a question's loop once its pool holds this many <Continue> chunks (default: off)"),
-    "--labeler-top": (int, "with --ranker: the Labeler reads only each hop's N best-ranked new chunks (default: all)"),
-    "--rescore-top": (int, "with --ranker: it reads again, under a later hop's query, the earlier chunks among that "
-                      "query's top N hits (default 0: off)"),
-    "--rank-query": (str, "with --ranker: what it reads a later hop's chunks under, the hop's query (query) or the "
-                     "Filter's input, query + Info: kept words (info)"),
-}
 
 
 @register_pipeline("efficientrag", aliases=("efficient-rag",))
@@ -228,15 +192,12 @@ class EfficientRAGPipeline(Pipeline):
         g.add_argument("--filter", metavar="DIR", help="trained Filter checkpoint directory")
         g.add_argument("--ranker", metavar="DIR", help="trained pool ranker checkpoint directory (pool_order rank)")
         g.add_argument("--er-config", metavar="JSON", help="loop config file (e.g. a system's loop-<dataset>.json)")
-        for flag, (typ, help_) in _FLAGS.items():
-            choices = {"--query-mode": QUERY_MODES, "--dedup": DEDUP_MODES, "--pool-order": POOL_ORDERS,
-                       "--pool-source": POOL_SOURCES, "--rank-query": RANK_QUERIES}.get(flag)
-            g.add_argument(flag, type=typ, default=None, choices=choices, help=help_)
-        g.add_argument("--er-int8", dest="int8", action="store_true", default=None,
-                       help="int8 dynamic quantization of the Labeler/Filter Linear layers (CPU)")
-        g.add_argument("--prune-last-hop", action="store_true", default=None,
-                       help="skip last-hop chunks that cannot enter the capped pool (exact)")
-        g.add_argument("--er-bf16", action="store_true", default=None, help="bf16 autocast for Labeler/Filter (fp32 on CPUs without native bf16)")
+        for f in cli_flags():  # every loop option, read off its field (efficientrag_config.option)
+            if f.rule.type is bool:
+                g.add_argument(f.flag, dest=f.dest, action="store_true", default=None, help=f.help)
+            else:
+                g.add_argument(f.flag, dest=f.dest, type=f.rule.type, default=None, choices=f.rule.choices,
+                               help=f.help)
 
     @property
     def retriever(self) -> Any:

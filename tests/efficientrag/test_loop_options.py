@@ -101,3 +101,33 @@ def test_cli_checks_loop_options_before_reading_the_corpus(tiny_efficientrag_dir
                  *[a.format(loop=loop) for a in extra]])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].endswith(message.format(loop=loop)), err
+
+
+def test_every_loop_option_is_one_field_with_a_flag_and_a_docs_row(capsys):
+    """A new option is one field (efficientrag_config.option): its rule, its effrag eval flag and its docs row are
+    read off it, and the flag's value reaches the loop's config."""
+    import argparse
+
+    from effrag.cli_args import add_method_args, method_options
+    from effrag.pipelines.efficientrag_config import cli_flags, options_table
+    from effrag.pipelines.efficientrag_pipeline import EfficientRAGPipeline
+
+    p = argparse.ArgumentParser()
+    add_method_args(p, "efficientrag")
+    dests = {a.dest for a in p._actions}
+    flags = {f.name: f for f in cli_flags()}
+    assert set(flags) == {f.name for f in fields(EfficientRAGConfig)}
+    assert all(f.dest in dests for f in flags.values())
+    args = p.parse_args(["--link-weight", "3", "--backlink-weight", "1.5", "--link-top", "4", "--chunk-format", "text",
+                         "--filter-max-length", "64", "--pool-order", "rank", "--prune-last-hop", "--er-batch-size",
+                         "8"])
+    opts = {k: v for k, v in method_options(args).items() if v is not None}
+    cfg = EfficientRAGPipeline._config(None, None, opts.pop("er_batch_size"), opts.pop("er_bf16", None), **opts)
+    assert (cfg.link_weight, cfg.backlink_weight, cfg.link_top, cfg.chunk_format, cfg.filter_max_length,
+            cfg.prune_last_hop, cfg.batch_size) == (3.0, 1.5, 4, "text", 64, True, 8)
+    with pytest.raises(SystemExit):
+        p.parse_args(["--chunk-format", "html"])  # the rule's choices are the flag's
+    assert "html" in capsys.readouterr().err
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "loop_options.md").read_text()
+    assert docs.endswith(options_table()), ("docs/loop_options.md is stale: rewrite its table with "
+                                            "effrag.pipelines.efficientrag_config.options_table()")

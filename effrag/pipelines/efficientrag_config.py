@@ -85,11 +85,15 @@ def check_options(options: Any, where: str, prefix: str = "") -> None:
             raise ValueError(f"{where}: {prefix}{key} must be {RULES[key].describe()}, got {value!r}")
 
 
-def option(default: Any, rule: Rule, help: str, flag: str | None = None, dest: str | None = None):
+def option(default: Any, rule: Rule, help: str, flag: str | None = None, dest: str | None = None,
+           per_request: bool = True):
     """One loop option, declared once: its default, its :class:`Rule` and its help. :data:`RULES`, the CLI flags
-    (:func:`cli_flags`), the service's request schema and the docs table (:func:`options_table`) are derived from
-    these fields. ``flag``/``dest``: the command-line name where ``--<name>`` is taken by a shared option."""
-    return field(default=default, metadata={"rule": rule, "help": help, "flag": flag, "dest": dest})
+    (:func:`cli_flags`), the service's request schema (:func:`request_options`) and the docs table
+    (:func:`options_table`) are derived from these fields. ``flag``/``dest``: the command-line name where
+    ``--<name>`` is taken by a shared option. ``per_request=False``: how the models run (batch size, bf16, int8),
+    which a service fixes at start-up and a request cannot change."""
+    return field(default=default, metadata={"rule": rule, "help": help, "flag": flag, "dest": dest,
+                                            "per_request": per_request})
 
 
 @dataclass
@@ -203,7 +207,7 @@ class EfficientRAGConfig:
     chunk_format: str = option("title_text", Rule(str, choices=CHUNK_FORMATS),
                                "what a model reads of a chunk: title_text (default) or text")
     batch_size: int = option(32, Rule(int, min=1), "Labeler/Filter/ranker forward batch size (default 32)",
-                             flag="--er-batch-size", dest="er_batch_size")
+                             flag="--er-batch-size", dest="er_batch_size", per_request=False)
     labeler_max_length: int | None = option(None, Rule(int, min=1, optional=True),
                                             "Labeler input length in sub-tokens (default: the trained length)")
     ranker_max_length: int | None = option(None, Rule(int, min=8, optional=True), "the ranker's input length in "
@@ -211,9 +215,9 @@ class EfficientRAGConfig:
     filter_max_length: int | None = option(None, Rule(int, min=1, optional=True),
                                            "Filter input length in sub-tokens (default: the trained length)")
     bf16: bool = option(False, Rule(bool), "bf16 autocast for the loop's models (fp32 on CPUs without native bf16)",
-                        flag="--er-bf16", dest="er_bf16")
+                        flag="--er-bf16", dest="er_bf16", per_request=False)
     int8: bool = option(False, Rule(bool), "int8 dynamic quantization of the Labeler/Filter Linear layers (CPU)",
-                        flag="--er-int8")
+                        flag="--er-int8", per_request=False)
     stop_at_pool: int | None = option(None, Rule(int, min=1, optional=True), "end a question's loop once its pool "
                                       "holds this many <Continue> chunks (default: off)")
     prune_last_hop: bool = option(False, Rule(bool),
@@ -282,6 +286,11 @@ def cli_flags() -> list[Flag]:
     """Every loop option's flag, in field order: ``--<name with dashes>`` unless the field names another."""
     return [Flag(f.name, f.metadata["flag"] or "--" + f.name.replace("_", "-"), f.metadata["dest"] or f.name,
                  f.metadata["rule"], f.metadata["help"]) for f in fields(EfficientRAGConfig)]
+
+
+def request_options() -> dict[str, Rule]:
+    """The options one request of a service may set (``effrag serve``'s request schema), with their rules."""
+    return {f.name: f.metadata["rule"] for f in fields(EfficientRAGConfig) if f.metadata["per_request"]}
 
 
 def options_table() -> str:

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from ..batching import MicroBatcher, Unavailable
+from ..pipelines.efficientrag_config import request_options
 from .config import ServeConfig, ServerSection, load_config
 from .service import Service, build_service
 
 log = logging.getLogger("effrag.serve")
-THRESHOLDS = ("tag_threshold", "token_threshold", "filter_threshold")
 
 
 
@@ -174,7 +174,7 @@ def create_app(config: ServeConfig | dict | str | Path, service: Service | None 
 
     async def retrieve(request: Request, questions: list[str], body) -> tuple[list | None, Any]:
         svc, batcher = request.app.state.service, request.app.state.batcher
-        opts = {t: getattr(body, t) for t in THRESHOLDS if getattr(body, t) is not None}
+        opts = {t: getattr(body, t) for t in request_options() if getattr(body, t) is not None}
         bad = sorted(set(opts) - svc.source.options)
         if bad:
             return None, error(400, f"method {svc.info['method']} takes no {', '.join(bad)} "
@@ -233,26 +233,22 @@ def create_app(config: ServeConfig | dict | str | Path, service: Service | None 
     return app
 
 def _request_models(server: ServerSection):
-    """Request bodies with this server's limits (so they show in the OpenAPI schema)."""
+    """Request bodies with this server's limits and every loop option a request may set, each with the loop's own
+    rule (:func:`effrag.pipelines.efficientrag_config.request_options`), so they show in the OpenAPI schema."""
     from typing import Annotated
 
-    from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
-
-    from effrag.pipelines.efficientrag_config import RULES
+    from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model, model_validator
 
     Question = Annotated[str, StringConstraints(strict=True, strip_whitespace=True, min_length=1,
                                                  max_length=server.max_question_chars)]
 
-    def threshold(name: str):  # the loop's own rule for the option (RULES), shown in the OpenAPI schema
-        return Annotated[float | None, Field(ge=RULES[name].min, le=RULES[name].max, strict=True)]
-
-    class _Options(BaseModel):
+    class _Base(BaseModel):
         model_config = ConfigDict(extra="forbid")
         top_k: Annotated[int | None, Field(ge=1, le=server.max_top_k, strict=True)] = None
-        tag_threshold: threshold("tag_threshold") = None
-        token_threshold: threshold("token_threshold") = None
-        filter_threshold: threshold("filter_threshold") = None
         include_trace: Annotated[bool, Field(strict=True)] = True  # "yes" is an error, as a string top_k is
+
+    _Options = create_model("_Options", __base__=_Base,
+                            **{name: (_field_type(rule), None) for name, rule in request_options().items()})
 
     class RetrieveRequest(_Options):
         question: Question | None = None
@@ -268,5 +264,21 @@ def _request_models(server: ServerSection):
         question: Question
 
     return RetrieveRequest, AnswerRequest
+
+
+def _field_type(rule):
+    """A loop option's :class:`~effrag.pipelines.efficientrag_config.Rule` as a request field's type (None: not
+    set): its range, its choices, no string for a number and no number for a flag."""
+    from typing import Annotated, Literal
+
+    from pydantic import Field
+
+    if rule.choices:
+        return Literal[tuple(rule.choices)] | None
+    if rule.type is bool:
+        return Annotated[bool | None, Field(strict=True)]
+    if rule.type is float:  # strict: a string is not a number (an integer is: 1 for 1.0); nor NaN or infinity
+        return Annotated[float | None, Field(ge=rule.min, le=rule.max, strict=True, allow_inf_nan=False)]
+    return Annotated[rule.type | None, Field(ge=rule.min, le=rule.max, strict=True)]
 
 

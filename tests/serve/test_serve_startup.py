@@ -214,6 +214,12 @@ def test_efficientrag_server_retrieve_and_thresholds(tmp_path, model_dirs, bm25,
         assert none["chunks"] == [] and len(all_["chunks"]) >= 4
         again = post(srv, "/retrieve", {"question": questions[0]}).json()["results"][0]
         assert [c["id"] for c in again["chunks"]] == [c["id"] for c in res[0]["chunks"]]  # thresholds were per request
+        # any loop option a request may set reaches the loop, for that request only
+        one_hop = post(srv, "/retrieve", {"question": questions[0], "max_hops": 1, "tag_threshold": 0.0}).json()
+        assert {c["hop"] for c in one_hop["results"][0]["chunks"]} == {0}
+        assert {c["hop"] for c in all_["chunks"]} != {0}
+        bad = post(srv, "/retrieve", {"question": questions[0], "link_weight": 3.0})  # needs pool_order rank
+        assert bad.status_code == 400 and "link_weight needs pool_order rank" in bad.json()["error"]
     assert clean_exit(srv), srv.log
 
 

@@ -44,6 +44,7 @@ EXIT_USAGE = 2
 
 from effrag.cli_args import (add_corpus_args, add_questions_args, add_retriever_args, output_dir,  # noqa: E402
                              positive_int)
+from effrag.pipelines.base import DEFAULT_METHOD  # noqa: E402  (the one default method of every front end)
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -230,7 +231,8 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--config", metavar="FILE",
                    help="a run config (YAML/JSON; effrag/configs/eval.yaml) or a run's config.json to replay: "
                         "its values are the defaults, flags override them (effrag.run_config)")
-    p.add_argument("--method", default="direct-r", help="registered method (default direct-r)")
+    p.add_argument("--method", default=DEFAULT_METHOD,
+                   help=f"registered method (default {DEFAULT_METHOD}: the shipped system; direct-r: the retriever alone)")
     add_questions_args(p)
     add_corpus_args(p)
     add_retriever_args(p)
@@ -372,7 +374,7 @@ def build_parser(argv: list[str] | None = None, commands: tuple = ()) -> argpars
         from effrag.cli_args import add_method_args
 
         config = run_config.read(_peek(argv, "--config")) if _peek(argv, "--config") else None
-        method = _peek(argv, "--method") or (run_config.method_of(config) if config else None) or "direct-r"
+        method = _peek(argv, "--method") or (run_config.method_of(config) if config else None) or DEFAULT_METHOD
         add_method_args(sub.choices["eval"], method)
         if config is not None:
             run_config.apply(sub.choices["eval"], config)

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from effrag.pipelines.base import DEFAULT_RETRIEVER
+
 DATASETS = ("hotpotqa", "2wikimqa", "musique")
 KINDS = ("bm25", "dense", "hybrid")
 CURVE_MAX = 10        # EfficientRAG's pool is scored at 1..10 chunks
@@ -136,7 +138,7 @@ def run_quickstart(workdir: str | Path = "runs/quickstart", retriever: str | Non
     rows = []
     for ds, dev in zip(datasets, dev_files):
         files = _system_files(system, ds)
-        kind = retriever or files["retriever"] or "hybrid"
+        kind = retriever or files["retriever"] or DEFAULT_RETRIEVER
         setup = setups[kind].ask(dev, limit=limit)
         settings = {**setup.identity(), "limit": limit, "llm": llm, "models": identity, "loop": files["config_text"],
                     "curve": CURVE_MAX, "direct": DIRECT_K_MAX}

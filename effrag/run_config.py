@@ -62,6 +62,8 @@ def method_of(values: dict[str, Any]) -> str | None:
 def apply(parser: argparse.ArgumentParser, values: dict[str, Any]) -> None:
     """Make the file's values ``parser``'s defaults (so command-line flags override them); a required option the
     file gives is no longer required. ``append`` options (``--k``) are filled after parsing (:func:`finish`)."""
+    from effrag.pipelines.base import DEFAULT_METHOD
+
     file = values["_file"]
     actions = {a.dest: a for a in parser._actions if a.dest not in NOT_OPTIONS and a.dest != argparse.SUPPRESS}
     method_dests = set(parser.get_default("method_opts") or [])
@@ -76,7 +78,7 @@ def apply(parser: argparse.ArgumentParser, values: dict[str, Any]) -> None:
                 name = str(name).replace("-", "_")
                 if name not in method_dests:
                     raise ValueError(f"{file}: unknown key method_options.{name} (method "
-                                     f"{values.get('method') or 'direct-r'} takes: "
+                                     f"{values.get('method') or DEFAULT_METHOD} takes: "
                                      f"{', '.join(sorted(method_dests)) or 'none'})")
                 opts[name] = v
         elif key == "reader" and isinstance(value, dict):  # config.json: {path, mode, context, model}
@@ -153,9 +155,9 @@ def _recorded_k(values: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]
     """config.json records ``k`` (default 10) even where the command line left it out; a method whose depth lives
     in its own config (``k_in_config``) used it only when its resolved config shows that depth (or its own depth
     option was given): otherwise the replay leaves ``--k`` out too, as the run did."""
-    from effrag.pipelines import get_pipeline_class
+    from effrag.pipelines import DEFAULT_METHOD, get_pipeline_class
 
-    cls = get_pipeline_class(values.get("method") or "direct-r")
+    cls = get_pipeline_class(values.get("method") or DEFAULT_METHOD)
     if not getattr(cls, "k_in_config", False):
         return later
     option = getattr(cls, "depth_option", "k")

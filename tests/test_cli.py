@@ -90,9 +90,9 @@ def _bad_cases(tmp):
     empty = tmp / "empty.jsonl"
     empty.write_text("")
     bamboogle = sample_path("bamboogle", "dev")
-    ev = ["eval", "--questions", HOTPOT_DEV, "--retriever", "bm25", "--output", tmp / "out"]
+    ev = ["eval", "--method", "direct-r", "--questions", HOTPOT_DEV, "--retriever", "bm25", "--output", tmp / "out"]
     return {
-        "missing questions file": ["eval", "--questions", tmp / "nope.jsonl", "--corpus-from", HOTPOT_TRAIN,
+        "missing questions file": ["eval", "--method", "direct-r", "--questions", tmp / "nope.jsonl", "--corpus-from", HOTPOT_TRAIN,
                                    "--retriever", "bm25", "--output", tmp / "o"],
         "unknown dataset format": ["corpus", "build", "--inputs", unknown, "--output", tmp / "c.jsonl"],
         "empty corpus": ["corpus", "build", "--inputs", bamboogle, "--output", tmp / "c.jsonl"],
@@ -121,13 +121,13 @@ def test_bad_input_exits_2_with_one_line(case, tmp_path, capsys):
 
 
 def test_index_of_another_corpus_is_refused(built, tmp_path, capsys):
-    code, _, err = run(["eval", "--questions", HOTPOT_DEV, "--index", built / "bm25",
+    code, _, err = run(["eval", "--method", "direct-r", "--questions", HOTPOT_DEV, "--index", built / "bm25",
                         "--corpus", _tiny_corpus(tmp_path), "--output", tmp_path / "o"], capsys)
     assert code == 2 and "different corpus" in err and len(err.strip().splitlines()) == 1
 
 
 def test_console_entry_point_reports_errors_on_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "effrag.cli", "eval", "--questions", str(tmp_path / "x.jsonl"),
+    proc = subprocess.run([sys.executable, "-m", "effrag.cli", "eval", "--method", "direct-r", "--questions", str(tmp_path / "x.jsonl"),
                            "--corpus-from", str(HOTPOT_TRAIN), "--retriever", "bm25", "--output", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
@@ -193,7 +193,7 @@ def test_empty_or_blank_question_is_named_by_file_and_line(tmp_path, capsys):
     row["question"] = " \t "
     qfile = tmp_path / "dev.jsonl"
     qfile.write_text("\n".join([lines[0], json.dumps(row), lines[2]]) + "\n", encoding="utf-8")
-    code, _, err = run(["eval", "--questions", qfile, "--corpus-from", qfile, "--retriever", "bm25",
+    code, _, err = run(["eval", "--method", "direct-r", "--questions", qfile, "--corpus-from", qfile, "--retriever", "bm25",
                         "--output", tmp_path / "out"], capsys)
     assert code == 2 and err.strip().splitlines() == [
         f"effrag: error: {qfile}:2: field 'question': empty or only whitespace"]
@@ -235,7 +235,7 @@ def test_index_without_file_records_warns_once_and_verify_records_them(built, tm
 def test_a_corrupted_predictions_file_on_resume_is_named(built, tmp_path, capsys):
     """§13: resuming an eval over a damaged predictions.jsonl or config.json names the file and line."""
     out = tmp_path / "run"
-    argv = ["eval", "--questions", HOTPOT_DEV, "--index", built / "bm25", "--retriever", "bm25", "--k", 3,
+    argv = ["eval", "--method", "direct-r", "--questions", HOTPOT_DEV, "--index", built / "bm25", "--retriever", "bm25", "--k", 3,
             "--limit", 3, "--output", out]
     assert run(argv, capsys)[0] == 0
     preds = out / "predictions.jsonl"

@@ -26,9 +26,12 @@ KNOWN_MODULES = {
     "ircot": "effrag.pipelines.ircot",
 }
 
-# The method a front end runs when the caller names none but gives it a trained system or checkpoints
-# (``effrag retrieve``, a Haystack component built from paths): the shipped EfficientRAG system.
+# The method every front end runs when the caller names none (``effrag eval``, ``effrag retrieve``, ``effrag serve``,
+# a run config, a Haystack component built from paths): the shipped EfficientRAG system.
 DEFAULT_METHOD = "efficientrag"
+# The retriever a front end builds when neither the caller, its config nor a loop config file names one: the one the
+# shipped system's loop configs were tuned over.
+DEFAULT_RETRIEVER = "hybrid"
 
 _REGISTRY: dict[str, type["Pipeline"]] = {}
 _ALIASES: dict[str, str] = {}

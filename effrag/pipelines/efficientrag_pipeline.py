@@ -17,7 +17,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Sequence
 
-from .base import Pipeline, register_pipeline
+from .base import DEFAULT_RETRIEVER, Pipeline, register_pipeline
 from .efficientrag import EfficientRAGLoop, load_models
 from .efficientrag_config import EfficientRAGConfig, build_config, cli_flags
 from .generation import Generator, answer_results
@@ -92,7 +92,8 @@ class EfficientRAGPipeline(Pipeline):
             labeler_dir = model
         cfg = build_config(config, **options)
         if retriever is None or (isinstance(retriever, str) and retriever in RETRIEVER_KINDS):
-            kind = retriever or (config_retriever(config) if isinstance(config, (str, Path)) else None) or "dense"
+            kind = retriever or (config_retriever(config) if isinstance(config, (str, Path)) else None) or \
+                DEFAULT_RETRIEVER
             if corpus is None:
                 raise ValueError(f"from_pretrained needs a retriever, or a corpus to build the {kind} retriever over")
             retriever = RunSetup.build(corpus=corpus, retriever=kind, bf16=True, cache=False).retriever
@@ -152,10 +153,12 @@ class EfficientRAGPipeline(Pipeline):
         names) against the loop's one rule (:data:`.efficientrag_config.RULES`): a wrong type is one line naming
         the file and key at start-up, not a 500 on every request."""
         from .efficientrag_config import check_options
+        from .efficientrag_system import DEFAULT_SYSTEM
 
-        if not checkpoints.get("model") and not (checkpoints.get("labeler") and checkpoints.get("filter")):
+        if bool(checkpoints.get("labeler")) != bool(checkpoints.get("filter")):  # none: the shipped system
             raise ValueError(f"{where}: method efficientrag needs {prefix}labeler and {prefix}filter (checkpoint "
-                             f"folders), or {prefix}model (a system folder or a shipped name)")
+                             f"folders), or {prefix}model (a system folder or a shipped name; default "
+                             f"{DEFAULT_SYSTEM})")
         if checkpoints.get("model") and (checkpoints.get("labeler") or checkpoints.get("filter")):
             raise ValueError(f"{where}: give {prefix}model (a system) or {prefix}labeler/{prefix}filter, not both")
         options = dict(options)

@@ -5,6 +5,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from effrag.pipelines.base import DEFAULT_METHOD, DEFAULT_RETRIEVER
+
 
 
 
@@ -12,7 +14,7 @@ from typing import Any
 # ---------------------------------------------------------------------------- config
 @dataclass
 class RetrieverSection:
-    kind: str = "bm25"  # bm25 | dense | hybrid, built over the corpus at startup
+    kind: str = DEFAULT_RETRIEVER  # bm25 | dense | hybrid (the default), built over the corpus at startup
     sample: list[str] | None = None  # bundled sample datasets: train+dev contexts pooled
     corpus: str | None = None  # a corpus.jsonl
     index: str | None = None  # a saved index folder (`effrag index build`); overrides kind
@@ -22,7 +24,7 @@ class RetrieverSection:
 
 @dataclass
 class MethodSection:
-    name: str = "direct-r"  # any registered pipeline (direct-r, efficientrag, ...)
+    name: str = DEFAULT_METHOD  # any registered pipeline (efficientrag, the default: the shipped system; direct-r, ...)
     k: int = 10  # passages per question for methods whose depth is not in their own config
     model: str | None = None  # a trained system: a folder or a shipped name (efficientrag-all), as eval --model
     labeler: str | None = None  # or its checkpoint folders

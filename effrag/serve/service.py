@@ -77,12 +77,13 @@ def build_service(cfg: ServeConfig) -> Service:
         setup = open_setup(r)
     retriever, corpus = setup.retriever, setup.corpus
     m = cfg.method
-    if m.name == "direct-r":  # Direct-R is one search: per-request top_k reaches the retriever
-        source = ChunkSource(retriever, k=m.k)
-    else:  # any registered method, by name; its depth stays in its own config when it keeps one there
-        from effrag.pipelines import build_pipeline, get_pipeline_class
+    from effrag.pipelines import build_pipeline, get_pipeline_class
 
-        k = None if getattr(get_pipeline_class(m.name), "k_in_config", False) else m.k
+    cls = get_pipeline_class(m.name)
+    if cls.slice_k and not m.options and not m.checkpoints():  # one search (Direct-R): per-request top_k reaches the
+        source = ChunkSource(retriever, k=m.k)                  # retriever, every k a prefix of the deepest
+    else:  # any registered method; its depth stays in its own config when it keeps one there
+        k = None if cls.k_in_config else m.k
         checkpoints = m.checkpoints()
         what = " / ".join(f"method.{key} {v}" for key, v in checkpoints.items()) or f"method {m.name}"
         with _load_errors(cfg.path, what):

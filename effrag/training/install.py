@@ -307,13 +307,14 @@ def export_checkpoint(kind: str, src: Path, dst: Path) -> dict:
 def shipped_card(src: Path, sizes: dict, source: str | None = None) -> str:
     """The shipped system's ``README.md``: what it holds, which questions chose what, its cross-fitted figures
     (those of ``src``'s loop files); ``source``: the folder it was exported from, if not ``src``."""
+    from effrag.pipelines.base import DEFAULT_RETRIEVER
     from effrag.provenance import portable_path
 
     mb = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sizes.items())
     retuned = ("; its loop configs were then retuned on these int8 weights (`NAME=int8 TUNE_ONLY=effrag/pretrained/"
                "efficientrag-all bash scripts/train_efficientrag.sh all`)") if source else ""
     general = json.loads((src / "loop.json").read_text())
-    kind = general.get("retriever") or "dense"
+    kind = general.get("retriever") or DEFAULT_RETRIEVER
     rows = []
     for name in ["loop.json", *(f"loop-{d}.json" for d in DATASETS)]:
         cfg = json.loads((src / name).read_text())

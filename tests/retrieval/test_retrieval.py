@@ -378,7 +378,7 @@ def test_cli_eval_on_a_corrupted_index_fails_with_one_line(tmp_path, capsys, den
 
     idx = dense.save(tmp_path / "idx")
     _overwrite(idx / "index.faiss", (idx / "index.faiss").stat().st_size // 2, 1024)
-    code = main(["eval", "--questions", str(sample_path("hotpotqa", "dev")), "--index", str(idx),
+    code = main(["eval", "--method", "direct-r", "--questions", str(sample_path("hotpotqa", "dev")), "--index", str(idx),
                  "--retriever", "dense", "--limit", "2", "--output", str(tmp_path / "out")])
     err = capsys.readouterr().err
     lines = err.strip().splitlines()

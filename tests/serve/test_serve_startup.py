@@ -160,7 +160,9 @@ def test_bad_config_fails_with_a_message(tmp_path):
         (tmp_path / "serve.yaml").write_text("retriever: {sample: hotpotqa}\nmethod: {topk: 3}\n")
         load_config(tmp_path / "serve.yaml")
     with pytest.raises(ValueError, match="needs method.labeler and method.filter"):
-        load_config({"retriever": {"sample": "hotpotqa"}, "method": {"name": "efficientrag"}})
+        load_config({"retriever": {"sample": "hotpotqa"}, "method": {"name": "efficientrag", "labeler": str(tmp_path)}})
+    plain = load_config({"retriever": {"sample": "hotpotqa"}})  # the defaults: the shipped system over hybrid
+    assert (plain.method.name, plain.method.model, plain.retriever.kind) == ("efficientrag", None, "hybrid")
     with pytest.raises(ValueError, match="exactly one of sample, corpus, index"):
         load_config({"retriever": {"kind": "bm25"}})
     with pytest.raises(ValueError, match="method.name: unknown method 'nope'; available: .*direct-r"):

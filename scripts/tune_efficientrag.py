@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     if args.labeler is None and args.filter is None:  # a system folder (--model, or the shipped one): its checkpoints
         from effrag.pipelines.efficientrag_system import DEFAULT_SYSTEM, open_system
 
-        system = open_system(args.model or DEFAULT_SYSTEM)
+        system = open_system(args.model or DEFAULT_SYSTEM, args.er_config)  # the ranker --er-config names, if any
         args.labeler, args.filter, args.ranker = system.labeler, system.filter, args.ranker or system.ranker
         args.model = None
     run = RunSetup.from_args(args, own_contexts=True)

@@ -431,3 +431,31 @@ def test_the_committed_evidence_rebuilds_the_headline_table(tmp_path):
         cells = [c.strip() for c in line.strip("|").split("|")]
         return cells[:15] + cells[17:18]
     assert row(out / "table2.md") == row(report / "table2.md")
+
+
+@pytest.mark.slow
+def test_tuning_a_system_reads_with_the_ranker_its_loop_config_names(tiny_efficientrag_dirs, tmp_path):
+    """scripts/tune_efficientrag.py --model SYSTEM --er-config FILE tunes with the ranker FILE names (none: the
+    system's ranker/), not the one of the system's loop.json: a 2Wiki config read by the student was once tuned with
+    the teacher."""
+    import json
+    import shutil
+
+    from effrag.data import sample_path
+
+    d = tiny_efficientrag_dirs
+    system = tmp_path / "system"
+    for name, src in (("labeler", "labeler"), ("filter", "filter"), ("ranker", "ranker"), ("ranker-teacher", "ranker")):
+        shutil.copytree(d[src], system / name)
+    loop = {"first_hop_k": 8, "hop_k": 3, "max_hops": 2, "pool_source": "seen", "pool_order": "rank"}
+    (system / "loop.json").write_text(json.dumps({"config": loop, "ranker": "ranker-teacher"}))
+    (tmp_path / "student.json").write_text(json.dumps({"config": loop}))
+    dev = sample_path("hotpotqa", "dev")
+    for config, expected in ((tmp_path / "student.json", "ranker"), (system / "loop.json", "ranker-teacher")):
+        out = tmp_path / f"tune-{expected}"
+        proc = run_script("tune_efficientrag", "--model", system, "--er-config", config, "--questions", dev,
+                          "--corpus-from", sample_path("hotpotqa", "train"), "--retriever", "bm25", "--limit", "2",
+                          "--n", "0", "--cache-dir", tmp_path / "idx", "--grid", "max_hops=1", "--output", out)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        row = json.loads((out / "results.jsonl").read_text().splitlines()[0])
+        assert Path(row["setup"]["ranker"]).name == expected

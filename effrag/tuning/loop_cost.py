@@ -49,7 +49,12 @@ def ranker_read_factor(ranker_dir, labeler_dir) -> float:
         try:
             layers.append(int(json.loads((Path(d) / "config.json").read_text())["num_hidden_layers"]))
             lengths.append(int(json.loads((Path(d) / "effrag_config.json").read_text())["max_length"]))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            import logging
+
+            # not silent: a 2-layer student costed as a full read changes which config is cheapest
+            logging.getLogger(__name__).warning("%s: cannot read its layers and length (%s): a ranker read is costed "
+                                                "as a full Labeler read (factor 1.0)", d, " ".join(str(e).split()))
             return 1.0
     return layers[0] / layers[1] * length_factor(lengths[0]) / length_factor(lengths[1])
 

@@ -129,7 +129,7 @@ def test_read_cost_weighs_each_read_by_its_input_length():
     assert read_cost({"labeler_max_length": 96}, [4, 30, 0]) == pytest.approx(34 * length_factor(96))
 
 
-def test_a_ranker_read_costs_its_layers_against_the_labelers(tmp_path):
+def test_a_ranker_read_costs_its_layers_against_the_labelers(tmp_path, caplog):
     """A 2-layer ranker beside a 6-layer Labeler: a third of a read; the cheapest rule then prefers reading more with
     it over reading more with the Labeler."""
     from effrag.tuning.loop_cost import ranker_read_factor, read_cost
@@ -142,6 +142,7 @@ def test_a_ranker_read_costs_its_layers_against_the_labelers(tmp_path):
     assert factor == pytest.approx(1 / 3)
     assert ranker_read_factor(tmp_path / "short", tmp_path / "labeler") == pytest.approx(128 / 188 / 3)  # own length
     assert ranker_read_factor(tmp_path / "ranker", tmp_path / "missing") == 1.0
+    assert "missing: cannot read its layers and length" in caplog.text  # said, not silent
     assert read_cost({}, [4, 30, 0], factor) == pytest.approx(14.0)
     # two configs with the same recall: 6 Labeler + 6 ranker reads (12, or 8 at a third) against 3 + 12 (15, or 7)
     gold = {q: [1, 2] for q in IDS}

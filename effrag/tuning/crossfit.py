@@ -156,8 +156,13 @@ def _best(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]],
                 pool = [key for key in keeps if structure(cands_config(cands, key)) == shape]
     if prefer == "simple":
         return simplest_within_se(cands, members, budgets, pool, score)
+    return _top(pool, score)
+
+
+def _top(pool: Sequence[str], score) -> str:
+    """The key of ``pool`` with the highest ``score``; on a tie the first (``pool`` is sorted: deterministic)."""
     best, best_score = None, None
-    for key in pool:  # sorted: on a tie the first key stays
+    for key in pool:
         sc = score(key)
         if best_score is None or sc > best_score:
             best, best_score = key, sc
@@ -198,10 +203,7 @@ def simplest_within_se(cands: Mapping[str, Candidates], members: Mapping[str, Se
     Why: on a small dev file the best of many near-equal configs is partly the one that fits its questions' noise
     (on MuSiQue's 126 questions two of five folds chose a link bonus that hurt their held-out fold); a config that
     is as good within the noise and has fewer parts carries over better."""
-    best, best_score = None, None
-    for key in pool:  # on a tie the first key stays, as in _best
-        if best_score is None or score(key) > best_score:
-            best, best_score = key, score(key)
+    best = _top(pool, score)
 
     def per_question(key: str) -> list[float]:
         return [sum(cands[d].scores[key][b][i][0] for b in budgets) / len(budgets) for d in cands for i in members[d]]

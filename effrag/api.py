@@ -9,7 +9,7 @@
     chunks.hops                      # per hop: queries, retrieved ids, tags, kept words, next queries
     rag.answer("Who directed ...?", llm="default").answer
 
-``EfficientRAG`` is the registered pipeline itself (:class:`effrag.pipelines.efficientrag_pipeline.
+``EfficientRAG`` is the registered pipeline itself (:class:`effrag.pipelines.efficientrag.pipeline.
 EfficientRAGPipeline`, ``effrag eval --method efficientrag``): one object behind the API, the CLI, the adapters
 and ``effrag serve``. The retriever is anything with ``search(queries, k) -> list[list[Hit]]`` (the FAISS, BM25
 and hybrid indexes of :mod:`effrag.retrieval`), a saved index directory, or a plain function ``fn(queries, k)``
@@ -17,8 +17,8 @@ returning hits as :class:`~effrag.retrieval.base.Hit` objects or ``{"id", "title
 """
 from __future__ import annotations
 
-from effrag.pipelines.efficientrag_config import EfficientRAGConfig
-from effrag.pipelines.efficientrag_pipeline import EfficientRAGPipeline as EfficientRAG
+from effrag.pipelines.efficientrag.config import EfficientRAGConfig
+from effrag.pipelines.efficientrag.pipeline import EfficientRAGPipeline as EfficientRAG
 from effrag.pipelines.result import Chunk, Hop, Result
 from effrag.retrieval.function import FunctionRetriever
 from effrag.setup import as_retriever

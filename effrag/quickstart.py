@@ -156,7 +156,7 @@ def _system_files(system: dict | None, dataset: str) -> dict[str, Any]:
     """The models and loop config EfficientRAG runs with on ``dataset``: the shipped system's, or --small's."""
     if system is not None:
         return {**system, "config_text": json.dumps(SMALL_CONFIG, sort_keys=True)}
-    from effrag.pipelines.efficientrag_system import open_system
+    from effrag.pipelines.efficientrag.system import open_system
 
     files = open_system("efficientrag-all", dataset=dataset)
     return {"model": "efficientrag-all", "config": str(files.config) if files.config else None,
@@ -166,7 +166,7 @@ def _system_files(system: dict | None, dataset: str) -> dict[str, Any]:
 def _system_identity(system: dict | None) -> dict[str, str]:
     """Changes whenever a checkpoint's weights do (its config records their sha256)."""
     if system is None:
-        from effrag.pipelines.efficientrag_system import open_system
+        from effrag.pipelines.efficientrag.system import open_system
 
         files = open_system("efficientrag-all")
         paths = {"labeler": files.labeler, "filter": files.filter, "ranker": files.ranker}

@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     from effrag.setup import RunSetup
     from effrag.pipelines.efficientrag import build_config, load_models
     from effrag.tuning.loop_cost import measure, report
-    from effrag.pipelines.efficientrag_system import open_system
+    from effrag.pipelines.efficientrag.system import open_system
     from effrag.provenance import portable, portable_path
     from effrag.provenance import provenance
 

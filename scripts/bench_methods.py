@@ -76,7 +76,7 @@ def build(name: str, retriever, llm, dataset: str, args, extra: dict):
 
 def loop_config(path: Path | None, dataset: str) -> str | None:
     """``--er-config``: the file itself, or ``loop-<dataset>.json`` in a directory (an error if it has none)."""
-    from effrag.pipelines.efficientrag_system import dataset_config
+    from effrag.pipelines.efficientrag.system import dataset_config
 
     try:
         return dataset_config(path, dataset)

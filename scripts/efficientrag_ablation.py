@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from dataclasses import asdict
 
-    from effrag.pipelines.efficientrag_config import EfficientRAGConfig
+    from effrag.pipelines.efficientrag.config import EfficientRAGConfig
 
     skip = []
     if not args.keep_sample:

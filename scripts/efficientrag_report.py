@@ -347,7 +347,7 @@ def write_card(system: Path, note: str, t2: str, cv: str, report: dict) -> None:
     """The system folder's README.md: its own head kept, the dev figures and the shipped configs rewritten."""
     card = system / "README.md"
     if (system / "export.json").is_file():  # a shipped system retuned in place: its head's table follows the new configs
-        from effrag.training.install import shipped_card
+        from effrag.training.export import shipped_card
 
         export = json.loads((system / "export.json").read_text())
         card.write_text(shipped_card(system, export.get("int8_bytes", {}), source=export.get("source")))

@@ -16,7 +16,7 @@ Reads ``SRC/labeler``, ``SRC/filter`` and ``SRC/loop-<dataset>.json`` (what
 configs and the source model cards, and writes ``DST/README.md`` (the shipped model's card) and
 ``DST/export.json`` (provenance: the source weights' sha256, versions, command). The retrieval
 figures of the shipped weights come from ``effrag quickstart``, which evaluates exactly this directory.
-The export itself: :mod:`effrag.training.install` (``export_system``, ``export_checkpoint``).
+The export itself: :mod:`effrag.training.export` (``export_system``, ``export_checkpoint``).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from effrag.training.install import export_checkpoint, export_system
+from effrag.training.export import export_checkpoint, export_system
 
 
 def main(argv=None) -> None:

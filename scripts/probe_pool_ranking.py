@@ -46,7 +46,7 @@ def _tokens(text: str) -> set[str]:
 
 def features(result) -> list[list[float]]:
     """One row of :data:`FEATURES` per chunk of ``result`` (a seen-pool run with requery scores)."""
-    from effrag.pipelines.efficientrag import _logit  # the loop's own clipped log-odds
+    from effrag.pipelines.efficientrag import logit  # the loop's own clipped log-odds
 
     hops = result.hops
     rank0 = {c["id"]: i for i, c in enumerate(hops[0]["chunks"])} if hops else {}
@@ -56,7 +56,7 @@ def features(result) -> list[list[float]]:
     rows = []
     for c in result.chunks:
         title = _tokens(c.title) or {""}
-        rows.append([_logit(c.score), c.retrieval_score, requery.get(c.id, 0.0), float(c.hop == 1),
+        rows.append([logit(c.score), c.retrieval_score, requery.get(c.id, 0.0), float(c.hop == 1),
                      float(c.hop >= 2), float(not c.fallback), math.log1p(rank0.get(c.id, len(rank0))),
                      len(title & question) / len(title), len(title & later) / len(title)])
     return rows

@@ -34,7 +34,7 @@ KINDS = {  # kind of work -> substrings of the profiled function's name
 
 def main(argv=None) -> int:
     from effrag.pipelines.efficientrag import EfficientRAGLoop, build_config, load_models
-    from effrag.pipelines.efficientrag_system import open_system
+    from effrag.pipelines.efficientrag.system import open_system
     from effrag.provenance import provenance
     from effrag.setup import RunSetup
 

@@ -65,7 +65,7 @@ def main(argv=None) -> int:
         p.error(str(e))
     logging.getLogger("effrag.models").setLevel(logging.ERROR)  # truncation warnings on every hop are noise here
     if args.labeler is None and args.filter is None:  # a system folder (--model, or the shipped one): its checkpoints
-        from effrag.pipelines.efficientrag_system import DEFAULT_SYSTEM, open_system
+        from effrag.pipelines.efficientrag.system import DEFAULT_SYSTEM, open_system
 
         system = open_system(args.model or DEFAULT_SYSTEM, args.er_config)  # the ranker --er-config names, if any
         args.labeler, args.filter, args.ranker = system.labeler, system.filter, args.ranker or system.ranker

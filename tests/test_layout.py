@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,6 +121,69 @@ def test_effrag_loads_nothing_outside_itself_by_name_either():
     offenders = {m: bad for m, f in _modules().items()
                  if (bad := {t for t in _string_imports(f) if t.split(".")[0] in OUTSIDE})}
     assert not offenders, offenders  # other packages' commands come in through the effrag.commands entry points
+
+
+# ---------------------------------------------------------------------- no path to the checkout around the package
+# The library takes its paths as arguments: it never finds the repository from its own file to reach train.py,
+# configs/ or scripts/ (issue #49), which an installed package does not have. A recipe that runs checkout files is a
+# script under scripts/.
+CHECKOUT_FILE = re.compile(r"^(?:\./)?(?:scripts/[\w./-]+\.(?:py|sh)|train\.py)$")  # a file to run, not a sentence
+# provenance.repo_root names the checkout only to write paths relative to it (portable_path); installed, the cwd
+ALLOWED_ROOTS = {("effrag.provenance", 'here = Path(__file__).resolve().parents[1]')}
+
+
+def _checkout_paths(path: Path, package_depth: int) -> list[str]:
+    """Where a module reaches the checkout around the package: ``Path(__file__)`` walked up (``.parents[N]``,
+    ``.parent`` chains) past the package's top folder, ``package_depth`` folders above the file; and a string that
+    is the path of a checkout file to run (``scripts/tune_reader.py``, ``train.py``)."""
+    text = path.read_text(encoding="utf-8")
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and CHECKOUT_FILE.match(node.value):
+            found.append(f"{node.lineno}: {node.value!r}")
+        up, inner = None, node
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "parents" \
+                and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, int):
+            up, inner = node.slice.value + 1, node.value.value
+        elif isinstance(node, ast.Attribute) and node.attr == "parent":
+            up = 0
+            while isinstance(inner, ast.Attribute) and inner.attr == "parent":
+                up, inner = up + 1, inner.value
+        if up and up > package_depth and any(isinstance(n, ast.Name) and n.id == "__file__" for n in ast.walk(inner)):
+            found.append(f"{node.lineno}: {ast.get_source_segment(text, node)}")
+    return found
+
+
+def test_checkout_path_finder_finds_the_old_recipe(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text('import subprocess, sys\nfrom pathlib import Path\n'
+                 'REPO = Path(__file__).resolve().parents[2]\nUP = Path(__file__).parent.parent.parent\n'
+                 'DATA = Path(__file__).resolve().parent / "sample"\nHERE = Path(__file__).parents[1]\n'
+                 'STEP = ("scripts/tune_reader.py", "--write")\nCMD = ["accelerate", "launch", "train.py"]\n'
+                 'HINT = "train it first (bash scripts/train_efficientrag.sh all)"\n'
+                 'subprocess.run([sys.executable, *STEP], cwd=REPO)\n')
+    # as effrag/training/install.py was (two folders below the repository): its root, its scripts, its train.py
+    assert _checkout_paths(f, 2) == ["3: Path(__file__).resolve().parents[2]", "4: Path(__file__).parent.parent.parent",
+                                     "7: 'scripts/tune_reader.py'", "8: 'train.py'"]
+    assert _checkout_paths(f, 1)[:3] == ["3: Path(__file__).resolve().parents[2]",
+                                         "4: Path(__file__).parent.parent.parent", "6: Path(__file__).parents[1]"]
+
+
+def test_effrag_holds_no_path_to_the_checkout():
+    offenders, allowed_seen = {}, set()
+    for m, f in _modules().items():
+        lines = f.read_text(encoding="utf-8").splitlines()
+        found = []
+        for hit in _checkout_paths(f, len(f.relative_to(ROOT).parts) - 1):
+            line = lines[int(hit.split(":")[0]) - 1]
+            ok = {(mod, t) for mod, t in ALLOWED_ROOTS if mod == m and t in line}
+            allowed_seen |= ok
+            if not ok:
+                found.append(hit)
+        if found:
+            offenders[m] = found
+    assert not offenders, offenders  # take the path as an argument; a recipe running checkout files is a script
+    assert allowed_seen == ALLOWED_ROOTS  # an exception that no longer exists is dropped from the list
 
 
 def test_the_name_based_registries_name_modules_of_effrag_that_exist():

@@ -15,7 +15,7 @@ KL divergence from the teacher's softmax over the same group (Hinton et al.'s te
 the student learns the teacher's whole order, not only where the gold is.
 
 Its scores are log-odds on the model's own scale, so a loop config that weighs them does not depend on
-the retriever's score scale (``pool_order: rank``, :mod:`effrag.pipelines.efficientrag_config`).
+the retriever's score scale (``pool_order: rank``, :mod:`effrag.pipelines.efficientrag.config`).
 """
 from __future__ import annotations
 

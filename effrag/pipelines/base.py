@@ -21,7 +21,7 @@ KNOWN_MODULES = {
     "direct-r": "effrag.pipelines.direct_r",
     "direct": "effrag.pipelines.direct",
     "direct-llm": "effrag.pipelines.direct",
-    "efficientrag": "effrag.pipelines.efficientrag_pipeline",
+    "efficientrag": "effrag.pipelines.efficientrag.pipeline",
     "irrr": "effrag.pipelines.irrr",
     "ircot": "effrag.pipelines.ircot",
 }

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..batching import MicroBatcher, Unavailable
-from ..pipelines.efficientrag_config import request_options
+from ..pipelines.efficientrag.config import request_options
 from .config import ServeConfig, ServerSection, load_config
 from .service import Service, build_service
 
@@ -234,7 +234,7 @@ def create_app(config: ServeConfig | dict | str | Path, service: Service | None 
 
 def _request_models(server: ServerSection):
     """Request bodies with this server's limits and every loop option a request may set, each with the loop's own
-    rule (:func:`effrag.pipelines.efficientrag_config.request_options`), so they show in the OpenAPI schema."""
+    rule (:func:`effrag.pipelines.efficientrag.config.request_options`), so they show in the OpenAPI schema."""
     from typing import Annotated
 
     from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model, model_validator
@@ -267,7 +267,7 @@ def _request_models(server: ServerSection):
 
 
 def _field_type(rule):
-    """A loop option's :class:`~effrag.pipelines.efficientrag_config.Rule` as a request field's type (None: not
+    """A loop option's :class:`~effrag.pipelines.efficientrag.config.Rule` as a request field's type (None: not
     set): its range, its choices, no string for a number and no number for a flag."""
     from typing import Annotated, Literal
 

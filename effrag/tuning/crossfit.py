@@ -186,7 +186,7 @@ def structure(config: Mapping[str, Any]) -> str:
 def complexity(config: Mapping[str, Any]) -> tuple[int, float]:
     """How far a config's pool weights are from off (the loop's defaults): how many are on, then their total
     distance from the default. Fewer and smaller bonuses are simpler."""
-    from effrag.pipelines.efficientrag_config import EfficientRAGConfig
+    from effrag.pipelines.efficientrag.config import EfficientRAGConfig
 
     default = EfficientRAGConfig()
     away = [abs(float(config[k]) - float(getattr(default, k))) for k in ORDER_WEIGHTS

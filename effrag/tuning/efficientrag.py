@@ -225,7 +225,7 @@ def loop_key(config: EfficientRAGConfig) -> str | None:
     so that they come together)."""
     import json
 
-    from ..pipelines.efficientrag_config import POOL_OPTIONS
+    from ..pipelines.efficientrag.config import POOL_OPTIONS
 
     d = config.to_json()
     if d.get("prune_last_hop"):

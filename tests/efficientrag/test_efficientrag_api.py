@@ -210,7 +210,7 @@ def test_effrag_eval_cli_runs_efficientrag(model_dirs, tmp_path):
 
 def test_a_folder_that_is_not_a_system_names_only_shipped_systems(tmp_path):
     """Issue #46, 11: the --model error listed reader-all (a reader) among the systems."""
-    from effrag.pipelines.efficientrag_system import system_root
+    from effrag.pipelines.efficientrag.system import system_root
 
     with pytest.raises(FileNotFoundError, match=r"not an EfficientRAG system folder") as e:
         system_root(tmp_path)

@@ -82,7 +82,7 @@ def test_cost_options_default_off_and_left_out_of_to_json():
 def test_eval_flags_reach_the_config(tiny_efficientrag_dirs, retriever):
     import argparse
 
-    from effrag.pipelines.efficientrag_pipeline import EfficientRAGPipeline
+    from effrag.pipelines.efficientrag.pipeline import EfficientRAGPipeline
 
     p = argparse.ArgumentParser()
     EfficientRAGPipeline.add_args(p)

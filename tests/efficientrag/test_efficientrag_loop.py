@@ -13,9 +13,8 @@ import math
 
 import pytest
 
-from effrag.pipelines.efficientrag import (CONTINUE, TERMINATE, EfficientRAGConfig, EfficientRAGLoop,
-                                           build_config, chunk_text, filter_input_words)
-from effrag.text import join_words, words
+from effrag.pipelines.efficientrag import CONTINUE, TERMINATE, EfficientRAGConfig, EfficientRAGLoop, build_config
+from effrag.text import chunk_text, filter_input_words, join_words, words
 from helpers import fixed_heads
 
 # the fixtures (hotpot, retriever, questions, model_dirs, models): tests/efficientrag/conftest.py

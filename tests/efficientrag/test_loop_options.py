@@ -12,7 +12,7 @@ import pytest
 
 from effrag.api import EfficientRAG
 from effrag.data import sample_path
-from effrag.pipelines.efficientrag_config import RULES, EfficientRAGConfig, build_config
+from effrag.pipelines.efficientrag.config import RULES, EfficientRAGConfig, build_config
 
 HOTPOT_DEV = sample_path("hotpotqa", "dev")
 
@@ -67,7 +67,7 @@ def test_options_in_code_and_flags_follow_the_same_rule(tiny_efficientrag_dirs, 
     def no_models(*a, **kw):
         raise AssertionError("models were loaded before the options were checked")
 
-    import effrag.pipelines.efficientrag_pipeline as pipeline
+    import effrag.pipelines.efficientrag.pipeline as pipeline
 
     f = _write(tmp_path, {"config": {"tag_threshold": 7.5}})
     with pytest.MonkeyPatch.context() as m:
@@ -104,13 +104,13 @@ def test_cli_checks_loop_options_before_reading_the_corpus(tiny_efficientrag_dir
 
 
 def test_every_loop_option_is_one_field_with_a_flag_and_a_docs_row(capsys):
-    """A new option is one field (efficientrag_config.option): its rule, its effrag eval flag and its docs row are
+    """A new option is one field (efficientrag.config.option): its rule, its effrag eval flag and its docs row are
     read off it, and the flag's value reaches the loop's config."""
     import argparse
 
     from effrag.cli_args import add_method_args, method_options
-    from effrag.pipelines.efficientrag_config import cli_flags, options_table
-    from effrag.pipelines.efficientrag_pipeline import EfficientRAGPipeline
+    from effrag.pipelines.efficientrag.config import cli_flags, options_table
+    from effrag.pipelines.efficientrag.pipeline import EfficientRAGPipeline
 
     p = argparse.ArgumentParser()
     add_method_args(p, "efficientrag")
@@ -130,4 +130,4 @@ def test_every_loop_option_is_one_field_with_a_flag_and_a_docs_row(capsys):
     assert "html" in capsys.readouterr().err
     docs = (Path(__file__).resolve().parents[2] / "docs" / "loop_options.md").read_text()
     assert docs.endswith(options_table()), ("docs/loop_options.md is stale: rewrite its table with "
-                                            "effrag.pipelines.efficientrag_config.options_table()")
+                                            "effrag.pipelines.efficientrag.config.options_table()")

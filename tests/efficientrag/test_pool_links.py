@@ -10,7 +10,7 @@ import pytest
 
 from effrag.models import FilterModel, LabelerModel, RankerModel
 from effrag.pipelines.efficientrag import EfficientRAGConfig, EfficientRAGLoop
-from effrag.pipelines.efficientrag_pool import rank_pool
+from effrag.pipelines.efficientrag.pool import rank_pool
 from effrag.pipelines.result import Chunk
 from effrag.text import link_form, link_title
 

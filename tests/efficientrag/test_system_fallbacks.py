@@ -56,7 +56,7 @@ def test_a_retriever_other_than_the_tuned_one_is_said(tiny_efficientrag_dirs, tm
 def test_a_loop_config_reads_with_the_ranker_folder_it_names(tiny_efficientrag_dirs, tmp_path, capsys):
     """A system with two rankers (ranker/ the student, ranker-teacher/ the teacher): each loop config file opens the
     one it was tuned with; a name the system lacks, or one that would leave the folder, is one line."""
-    from effrag.pipelines.efficientrag_system import open_system
+    from effrag.pipelines.efficientrag.system import open_system
 
     system = _system(tiny_efficientrag_dirs, tmp_path / "sys", {"config": {"hop_k": 3, "max_hops": 2},
                                                                  "retriever": "bm25"})

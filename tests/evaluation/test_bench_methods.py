@@ -1,5 +1,5 @@
 """scripts/bench_methods.py run as a user runs it: the per-dataset loop configs it resolves
-(effrag.pipelines.efficientrag_system.dataset_config), the table of a stopped run with the speed-up notes, and the
+(effrag.pipelines.efficientrag.system.dataset_config), the table of a stopped run with the speed-up notes, and the
 early stop on a missing loop config."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from effrag.pipelines.efficientrag_system import dataset_config
+from effrag.pipelines.efficientrag.system import dataset_config
 
 from helpers import run_script
 

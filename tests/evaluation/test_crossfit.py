@@ -156,7 +156,7 @@ def test_a_ranker_read_costs_its_layers_against_the_labelers(tmp_path, caplog):
 def test_rows_of_two_rankers_are_chosen_among_together_and_the_file_names_its_ranker(tmp_path):
     """Rows tuned with the student (ranker/) and with the teacher (ranker-teacher/), same recall: the cheapest rule
     costs each by its own ranker; the written loop config names the teacher's folder, outside the loop options."""
-    from effrag.pipelines.efficientrag_config import build_config
+    from effrag.pipelines.efficientrag.config import build_config
     from effrag.tuning.loop_configs import write_loop_configs
 
     gold = {q: [1, 2] for q in IDS}

@@ -191,7 +191,7 @@ def test_tuning_setup_is_the_run_identity_and_folders_written_before_it_resume(t
     """``tuning_setup`` = the run identity + the grid's models; a row whose setup predates the identity (the keys
     tuning folders always recorded) still matches, a changed model does not; the shipped form has no paths."""
     from effrag.data import sample_path
-    from effrag.pipelines.efficientrag_config import EfficientRAGConfig
+    from effrag.pipelines.efficientrag.config import EfficientRAGConfig
     from effrag.setup import IDENTITY_KEYS, RunSetup, same_run
     from effrag.tuning import tuning_setup
     from effrag.tuning.loop_configs import portable_setup
@@ -343,8 +343,8 @@ def test_report_chooses_shipped_configs_and_cross_fits_them_against_three_retrie
     import shutil
 
     from effrag.data import sample_path
-    from effrag.pipelines.efficientrag_config import build_config
-    from effrag.pipelines.efficientrag_system import open_system
+    from effrag.pipelines.efficientrag.config import build_config
+    from effrag.pipelines.efficientrag.system import open_system
 
     d = tiny_efficientrag_dirs
     data = sample_path("hotpotqa", "dev").parents[1]

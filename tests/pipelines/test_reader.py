@@ -136,14 +136,16 @@ def test_train_reader_reduces_loss_predicts_spans_and_round_trips(data, tmp_path
     assert evaluate_only(cfg, str(out / "last"))["span_loss"] == pytest.approx(ev["span_loss"], rel=1e-5)
 
     # the recipe's model card for it, from the run's own files
-    from effrag.training import install as tm  # scripts/train_models.py installs with it
+    from effrag.training.cards import model_card  # scripts/train_models.py installs with it
 
-    card = tm.model_card("tiny", "reader", out, ["accelerate", "launch", "train.py", "--config", "configs/reader.yaml"],
-                         None, recipe="python scripts/train_models.py --models reader --name tiny")
+    tune = ("python scripts/tune_reader.py --reader checkpoints/reader-tiny --data ../shared/data --write --output "
+            "checkpoints/reader-tiny/decoding")  # the recipe's after-install step
+    card = model_card("tiny", "reader", out, ["nice accelerate launch train.py --config configs/reader.yaml", tune],
+                      None, recipe="python scripts/train_models.py --models reader --name tiny")
     assert card.startswith("# reader-tiny\n") and "| all | " in card and "answer_exact" in card
     assert "load_model(\"checkpoints/reader-tiny\")" in card and "--models reader --name tiny" in card
-    assert "python scripts/tune_reader.py --reader checkpoints/reader-tiny --data ../shared/data --write" in card
-    last = tm.model_card("tiny", "reader", out, ["train.py"], None, installed="last")
+    assert "## Command\n```\nnice accelerate launch train.py --config configs/reader.yaml\n" + tune + "\n```\n" in card
+    last = model_card("tiny", "reader", out, ["train.py"], None, installed="last")
     assert "installed: the last, step 30" in last and "## Metrics (last checkpoint, " in last
 
 

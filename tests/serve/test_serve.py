@@ -110,7 +110,7 @@ def test_retrieve_single_and_batch_match_the_retriever(server, bm25, questions):
     ({"question": "a", "tag_threshold": 1.5}, 422, "tag_threshold: Input should be less than or equal to 1"),
     ({"question": "a", "tag_threshold": 0.4}, 400, "method direct-r takes no tag_threshold"),
     ({"question": "a", "include_trace": "yes"}, 422, "include_trace: Input should be a valid boolean"),
-    # every loop option a request may set, with the loop's own rule (efficientrag_config.request_options)
+    # every loop option a request may set, with the loop's own rule (efficientrag.config.request_options)
     ({"question": "a", "link_weight": -1}, 422, "link_weight: Input should be greater than or equal to 0"),
     ({"question": "a", "max_hops": "2"}, 422, "max_hops: Input should be a valid integer"),
     ({"question": "a", "pool_order": "best"}, 422, "pool_order: Input should be 'hop', 'fused', 'fused_logit' or 'rank'"),

@@ -7,7 +7,7 @@ import torch
 
 from effrag.models import FilterModel, LabelerModel, RankerModel
 from effrag.models.compact import COMPACT_NAME, dequantize_state_dict, quantize_state_dict
-from effrag.pipelines.efficientrag_config import build_config
+from effrag.pipelines.efficientrag.config import build_config
 from effrag.pretrained import loop_config_path, pretrained_path
 
 
@@ -90,7 +90,7 @@ def test_shipped_names_resolve_and_an_unshipped_one_names_its_training_command(m
 
 @pytest.mark.parametrize("kind", ["reader", "irrr"])
 def test_export_of_a_reader_or_irrr_checkpoint_loads_by_path(kind, tmp_path):
-    """effrag.training.install.export_checkpoint (scripts/export_pretrained.py --kind reader|irrr): the folder that
+    """effrag.training.export.export_checkpoint (scripts/export_pretrained.py --kind reader|irrr): the folder that
     ships as reader-all / irrr-all."""
     from effrag.models import IRRRModel, load_model, load_reader
     from effrag.models.reader import ExtractiveReader
@@ -101,7 +101,7 @@ def test_export_of_a_reader_or_irrr_checkpoint_loads_by_path(kind, tmp_path):
     src = tmp_path / "src"
     cls.from_encoder(make_base("electra", tmp_path / "base"), {"max_length": 64}).save_pretrained(src)
     (src / "README.md").write_text("# training card\n")
-    from effrag.training.install import export_checkpoint
+    from effrag.training.export import export_checkpoint
 
     export_checkpoint(kind, src, tmp_path / "dst")
     dst = tmp_path / "dst"

@@ -228,30 +228,52 @@ def test_deepspeed_zero2_on_cpu(tiny, tmp_path):
 
 
 def test_recipe_passes_labeler_only_overrides(tmp_path):
-    """effrag.training.install (scripts/train_models.py): LABELER_ARGS (e.g. a SmolLM2 backbone) reach the Labeler's
-    train.py, not the Filter's."""
-    import argparse
+    """scripts/train_models.py --dry-run: LABELER_ARGS (e.g. a SmolLM2 backbone) reach the Labeler's train.py, not
+    the Filter's; IRRR trains on its data step's files, the distilled ranker on the teacher's groups from the
+    installed teacher. The commands are those the recipe would run; nothing runs, nothing is installed."""
+    import shlex
 
-    from effrag.training import install as tm
-    args = argparse.Namespace(synth=str(tmp_path), labeler_overrides="--model.name_or_path smollm2 --train.lr 5e-5",
-                              launch_args="--num_processes 1", processes=1, paper=False)
+    from effrag.training.cards import MODELS
+    from helpers import run_script
+
     shared = ["--data.max_train_examples", "100000"]
-    lab, fil = tm.role_overrides(args, "labeler", shared), tm.role_overrides(args, "filter", shared)
-    assert lab == ["--data.train_file", str(tmp_path / "labeler.jsonl"), *shared,
-                   "--model.name_or_path", "smollm2", "--train.lr", "5e-5"]
-    assert fil == ["--data.train_file", str(tmp_path / "filter.jsonl"), *shared]
-    cmd, _ = tm.launch_command(args, "labeler", tmp_path / "run", lab)
-    assert cmd[cmd.index("--config") + 1].endswith("configs/labeler.yaml") and cmd[-4:] == lab[-4:]
-    args.datasets = ["hotpotqa", "2wikimqa", "musique"]  # IRRR and the reader train on their data step's files
-    assert tm.role_overrides(args, "irrr", shared) == [
+    # --force: a fresh run each (no --resume_from_checkpoint from runs/train/all); a dry run deletes nothing
+    done = run_script("train_models", "--dry-run", "--force", "--models", "labeler,filter,irrr,ranker_distilled",
+                      "--name", "all", "--synth", tmp_path, "--teacher-data", "runs/ranker/train_all_teacher",
+                      "--labeler-overrides=--model.name_or_path smollm2 --train.lr 5e-5",
+                      "--launch-args=--num_processes 1", "--datasets", "hotpotqa,2wikimqa,musique", "--", *shared)
+    assert done.returncode == 0, done.stderr
+    assert "+ " not in done.stdout and list(tmp_path.iterdir()) == []  # printed, never run
+    blocks: dict[str, list[str]] = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("# "):
+            blocks[line.split()[1]] = []
+        else:
+            blocks[list(blocks)[-1]].append(line)
+    assert list(blocks) == ["labeler", "filter", "irrr", "ranker_distilled"]
+    train = {role: shlex.split(next(c for c in lines if " train.py " in c)) for role, lines in blocks.items()}
+    for role, cmd in train.items():
+        assert cmd[:7] == ["nice", "accelerate", "launch", "--num_processes", "1", "--num_machines", "1"]
+        assert cmd[cmd.index("--config") + 1] == f"configs/{role}.yaml"
+        assert cmd[cmd.index("--output_dir") + 1] == f"runs/train/all/{role}" and "--resume_from_checkpoint" not in cmd
+    lab, fil = train["labeler"], train["filter"]
+    assert lab[lab.index("--output_dir") + 2:] == ["--data.train_file", str(tmp_path / "labeler.jsonl"), *shared,
+                                                   "--model.name_or_path", "smollm2", "--train.lr", "5e-5"]
+    assert fil[fil.index("--output_dir") + 2:] == ["--data.train_file", str(tmp_path / "filter.jsonl"), *shared]
+    # IRRR (and the reader) train on their data step's files, printed before the training command
+    irrr = train["irrr"]
+    assert irrr[irrr.index("--output_dir") + 2:] == [
         "--data.train_file", "runs/irrr/train_all/irrr.jsonl", "--data.eval_files",
         "runs/irrr/dev_hotpotqa/irrr.jsonl,runs/irrr/dev_2wikimqa/irrr.jsonl,runs/irrr/dev_musique/irrr.jsonl", *shared]
+    steps = [shlex.split(c) for c in blocks["irrr"] if c.startswith("effrag irrr-data ")]
+    assert [c[c.index("--output") + 1] for c in steps] == [
+        "runs/irrr/train_all", "runs/irrr/dev_hotpotqa", "runs/irrr/dev_2wikimqa", "runs/irrr/dev_musique"]
     # the distilled ranker: the teacher's scored groups, starting from the installed teacher; the system's ranker/
-    args.name, args.teacher_data = "all", "runs/ranker/train_all_teacher"
-    assert tm.role_overrides(args, "ranker_distilled", []) == [
+    dist = train["ranker_distilled"]
+    assert dist[dist.index("--output_dir") + 2:] == [
         "--data.train_file", "runs/ranker/train_all_teacher/ranker.jsonl",
-        "--model.name_or_path", "checkpoints/efficientrag-all/ranker-teacher"]
-    assert tm.MODELS["ranker_distilled"].checkpoint == "efficientrag-{name}/ranker"
+        "--model.name_or_path", "checkpoints/efficientrag-all/ranker-teacher", *shared]
+    assert MODELS["ranker_distilled"].checkpoint == "efficientrag-{name}/ranker"
     cfg = load_config(Path(__file__).parents[2] / "configs" / "ranker_distilled.yaml")
     assert cfg.task == "ranker" and cfg.model.num_layers == 2 and cfg.model.extra_options["distill_weight"] > 0
 

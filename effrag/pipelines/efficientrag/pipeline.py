@@ -7,9 +7,9 @@ public API object (``effrag.EfficientRAG``), the source the adapters and ``effra
     rag.answer(question, llm="default")                        # plus one generator call
     rag.config = rag.config.replace(tag_threshold=0.3)         # the loop's options, changed in place
 
-``from_pretrained`` resolves a system folder or shipped name (:mod:`.efficientrag_system`) or a pair of
+``from_pretrained`` resolves a system folder or shipped name (:mod:`.system`) or a pair of
 checkpoints; ``build_pipeline("efficientrag", retriever, ...)`` takes the ``effrag eval`` options. The loop
-itself is :mod:`.efficientrag`.
+itself is :mod:`.loop`.
 """
 from __future__ import annotations
 
@@ -17,18 +17,19 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Sequence
 
-from .base import DEFAULT_RETRIEVER, Pipeline, register_pipeline
-from .efficientrag import EfficientRAGLoop, load_models
-from .efficientrag_config import EfficientRAGConfig, build_config, cli_flags
-from .generation import Generator, answer_results
-from .result import Result
+from ..base import DEFAULT_RETRIEVER, Pipeline, register_pipeline
+from .loop import EfficientRAGLoop
+from .models import load_models
+from .config import EfficientRAGConfig, build_config, cli_flags
+from ..generation import Generator, answer_results
+from ..result import Result
 
 
 @register_pipeline("efficientrag", aliases=("efficient-rag",))
 class EfficientRAGPipeline(Pipeline):
     """EfficientRAG retrieval, plus one generator call per question when ``generator`` is given.
 
-    The models come from a system (``model``: a folder or a shipped name, :mod:`.efficientrag_system`; the
+    The models come from a system (``model``: a folder or a shipped name, :mod:`.system`; the
     shipped ``efficientrag-all`` when neither ``model`` nor ``labeler``/``filter`` is given) or from
     checkpoint folders (``labeler``, ``filter``, ``ranker``). The result's chunks are the candidate pool
     (what the paper's Recall@K counts); ``hops`` the loop's rounds, ``generation`` the generator's record, ``timing``
@@ -72,7 +73,7 @@ class EfficientRAGPipeline(Pipeline):
                         ranker: str | Path | None = None, generator: Any = None,
                         **options: Any) -> "EfficientRAGPipeline":
         """A trained system: ``model`` is a system folder or a shipped name (``labeler/``, ``filter/``, ``[ranker/]``,
-        ``loop.json``; :mod:`.efficientrag_system`), or, with ``filter_dir``, a Labeler checkpoint.
+        ``loop.json``; :mod:`.system`), or, with ``filter_dir``, a Labeler checkpoint.
 
         ``config`` defaults to the system's ``loop-<dataset>.json`` when ``dataset`` names one, else its general
         ``loop.json``. ``retriever`` is a search object, an index folder, a function, or a kind (``"bm25"``,
@@ -82,7 +83,7 @@ class EfficientRAGPipeline(Pipeline):
         """
         from effrag.setup import RETRIEVER_KINDS, RunSetup, as_retriever
 
-        from .efficientrag_system import config_retriever, open_system
+        from .system import config_retriever, open_system
 
         if filter_dir is None:
             system = open_system(model, config if isinstance(config, (str, Path)) else None, dataset)
@@ -109,7 +110,7 @@ class EfficientRAGPipeline(Pipeline):
         two hops)."""
         from effrag.pretrained import LOOP_DATASETS
 
-        from .efficientrag_system import DEFAULT_SYSTEM, open_system
+        from .system import DEFAULT_SYSTEM, open_system
 
         system = open_system(model or DEFAULT_SYSTEM, config_file)
         config = system.config
@@ -121,7 +122,7 @@ class EfficientRAGPipeline(Pipeline):
     def _resolve(model, labeler, filter, ranker, config, dataset: str | None = None):
         """``(labeler, filter, ranker, config)``: from the system ``model`` when no checkpoint is named (its
         ``loop-<dataset>.json`` when it has one for ``dataset``, else its ``loop.json``)."""
-        from .efficientrag_system import DEFAULT_SYSTEM, open_system
+        from .system import DEFAULT_SYSTEM, open_system
 
         if labeler is None and filter is None:
             system = open_system(model or DEFAULT_SYSTEM, config if isinstance(config, (str, Path)) else None, dataset)
@@ -150,10 +151,10 @@ class EfficientRAGPipeline(Pipeline):
     def check_file_options(cls, checkpoints: dict[str, Any], options: dict[str, Any], where: str,
                            prefix: str = "method.") -> None:
         """A config file's system or checkpoints, and its loop options (and the loop config file its ``config``
-        names) against the loop's one rule (:data:`.efficientrag_config.RULES`): a wrong type is one line naming
+        names) against the loop's one rule (:data:`.config.RULES`): a wrong type is one line naming
         the file and key at start-up, not a 500 on every request."""
-        from .efficientrag_config import check_options
-        from .efficientrag_system import DEFAULT_SYSTEM
+        from .config import check_options
+        from .system import DEFAULT_SYSTEM
 
         if bool(checkpoints.get("labeler")) != bool(checkpoints.get("filter")):  # none: the shipped system
             raise ValueError(f"{where}: method efficientrag needs {prefix}labeler and {prefix}filter (checkpoint "
@@ -177,7 +178,7 @@ class EfficientRAGPipeline(Pipeline):
                           dataset: str | None = None, **options: Any) -> str | None:
         """The retriever the loop config was tuned for (``effrag eval`` builds it when ``--retriever`` is not given):
         that of the config the pipeline runs for ``dataset``'s questions."""
-        from .efficientrag_system import config_retriever
+        from .system import config_retriever
 
         config = cls._resolve(model, labeler, filter, None, config or er_config, dataset)[3]
         return config_retriever(config) if isinstance(config, (str, Path)) else None
@@ -195,7 +196,7 @@ class EfficientRAGPipeline(Pipeline):
         g.add_argument("--filter", metavar="DIR", help="trained Filter checkpoint directory")
         g.add_argument("--ranker", metavar="DIR", help="trained pool ranker checkpoint directory (pool_order rank)")
         g.add_argument("--er-config", metavar="JSON", help="loop config file (e.g. a system's loop-<dataset>.json)")
-        for f in cli_flags():  # every loop option, read off its field (efficientrag_config.option)
+        for f in cli_flags():  # every loop option, read off its field (config.option)
             if f.rule.type is bool:
                 g.add_argument(f.flag, dest=f.dest, action="store_true", default=None, help=f.help)
             else:

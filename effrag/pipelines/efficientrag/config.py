@@ -1,7 +1,7 @@
 """EfficientRAG's loop options: :class:`EfficientRAGConfig` (plain data, validated) and :func:`build_config`.
 
 Its own module because the tuner (:mod:`effrag.tuning`), the service and the loop config files
-(``loop-<dataset>.json``) need the options without the loop; :mod:`.efficientrag` re-exports them.
+(``loop-<dataset>.json``) need the options without the loop; the package (:mod:`effrag.pipelines.efficientrag`) re-exports them.
 Each option is declared once, as a field with its default, its :class:`Rule` (type, range, allowed values) and
 its help (:func:`option`); :data:`RULES`, the CLI flags (:func:`cli_flags`) and the docs table
 (:func:`options_table`) are read off the fields: a new option is one field.
@@ -161,7 +161,7 @@ class EfficientRAGConfig:
     time on MuSiQue dev); the retriever still searches with the Filter's output.
     ``link_weight`` and ``backlink_weight`` (default 0: off; ``pool_order: rank`` only) add a bonus to a chunk
     whose title the text of one of the ``link_top`` (default 5) best chunks names, or whose text names one of
-    their titles: the bridge paragraph is the entity the first paragraph names (:mod:`.efficientrag_pool`).
+    their titles: the bridge paragraph is the entity the first paragraph names (:mod:`.pool`).
     ``ranker_max_length`` (default None: ``labeler_max_length``, else the ranker's trained length) cuts the ranker's
     (query, chunk) input at that many sub-tokens: the title and the first sentences, where a Wikipedia paragraph
     says what it is about. A read costs about its length, so 128 tokens cost about 0.6 of a trained-length read.

@@ -1,7 +1,8 @@
 """EfficientRAG's candidate pool after the loop: which chunks a question gets, in which order.
 
-Every option here acts on a finished loop (:data:`~.efficientrag_config.POOL_OPTIONS`), so the tuner ranks
-one loop run under all of them (:meth:`~.efficientrag.EfficientRAGLoop.rank_pools`).
+Every option here acts on a finished loop (:data:`~.config.POOL_OPTIONS`), so the tuner ranks
+one loop run under all of them (:meth:`~.loop.EfficientRAGLoop.rank_pools`). Its input is the loop's public
+:class:`~.state.LoopState`.
 
 ``pool_order: rank`` scores a chunk by the pool ranker's best logit minus ``retrieval_weight`` x log(1 + its
 rank in its query's hits) minus ``requery_weight`` x log(1 + its best rank under a later query), then adds the
@@ -15,27 +16,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
 
 from effrag.text import link_form, link_title
 
-from .efficientrag_config import EfficientRAGConfig
-from .result import Chunk, Result
+from ..result import Chunk, Result
+from .config import EfficientRAGConfig
+from .state import LoopState, logit
 
 
-def _logit(p: float, eps: float = 1e-6) -> float:
-    p = min(max(p, eps), 1.0 - eps)
-    return math.log(p / (1.0 - p))
-
-
-def rank_pool(s: Any, cfg: EfficientRAGConfig) -> Result:
+def rank_pool(s: LoopState, cfg: EfficientRAGConfig) -> Result:
     """One loop state's :class:`Result`: its pool ordered and cut by ``cfg``'s pool options."""
     requery = _requery_scores(s, s.pool + s.rejected)  # empty unless requery_weight recorded later queries
     if cfg.pool_order == "rank":
         ranks = _requery_ranks(s, s.pool + s.rejected)
 
         def relevance(c: Chunk) -> float:
-            conf = c.rank_score if c.rank_score is not None else _logit(c.score)
+            conf = c.rank_score if c.rank_score is not None else logit(c.score)
             conf = max(conf, s.rescores.get(c.id, conf))  # read again under a later query (rescore_top)
             later = cfg.requery_weight * math.log1p(ranks[c.id]) if c.id in ranks else 0.0
             return conf - cfg.retrieval_weight * math.log1p(c.retrieval_rank or 0) - later
@@ -46,7 +42,7 @@ def rank_pool(s: Any, cfg: EfficientRAGConfig) -> Result:
         pool_key = extra_key = lambda c: (-scores[c.id], c.hop)  # noqa: E731
         order = scores
     elif cfg.pool_order in ("fused", "fused_logit"):
-        conf = (lambda p: p) if cfg.pool_order == "fused" else _logit  # how a p(<Continue>) enters the sum
+        conf = (lambda p: p) if cfg.pool_order == "fused" else logit  # how a p(<Continue>) enters the sum
         later = lambda c: (cfg.requery_weight * requery.get(c.id, 0.0)  # noqa: E731
                            + (cfg.relabel_weight * conf(s.relabels[c.id]) if c.id in s.relabels else 0.0))
         order = {c.id: conf(c.score) + cfg.retrieval_weight * c.retrieval_score + later(c) for c in s.pool + s.rejected}
@@ -74,7 +70,8 @@ def rank_pool(s: Any, cfg: EfficientRAGConfig) -> Result:
                   extra=extra)
 
 
-def _with_links(s: Any, chunks: list[Chunk], scores: dict[str, float], cfg: EfficientRAGConfig) -> dict[str, float]:
+def _with_links(s: LoopState, chunks: list[Chunk], scores: dict[str, float],
+                cfg: EfficientRAGConfig) -> dict[str, float]:
     """``scores`` plus the link bonuses (module docstring) against the ``link_top`` best-scored chunks. Each
     chunk's linkable forms are computed once per loop state (the tuner ranks one state under many configs)."""
     forms: dict[str, tuple[str, str]] = s.link_forms
@@ -93,7 +90,7 @@ def _with_links(s: Any, chunks: list[Chunk], scores: dict[str, float], cfg: Effi
     return out
 
 
-def _requery_scores(s: Any, chunks: list[Chunk]) -> dict[str, float]:
+def _requery_scores(s: LoopState, chunks: list[Chunk]) -> dict[str, float]:
     """``requery_weight``: each chunk's best score under the hop >= 1 queries. Their hits hold every chunk
     they reached (refill retrieves past the seen ones); a chunk a query did not reach scores at most that
     query's lowest hit. Empty when the loop stopped at hop 0."""
@@ -104,7 +101,7 @@ def _requery_scores(s: Any, chunks: list[Chunk]) -> dict[str, float]:
                       for (reached, _), floor in zip(s.requeries, floors)) for c in chunks}
 
 
-def _requery_ranks(s: Any, chunks: list[Chunk]) -> dict[str, int]:
+def _requery_ranks(s: LoopState, chunks: list[Chunk]) -> dict[str, int]:
     """``pool_order: rank``: each chunk's best 0-based rank under the hop >= 1 queries (a chunk a query did
     not reach ranks at that query's number of hits, a lower bound). Empty when the loop stopped at hop 0."""
     if not s.requeries:

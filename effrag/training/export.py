@@ -1,0 +1,149 @@
+"""Exporting a trained model into the package as it ships (``effrag/pretrained/``): an EfficientRAG system folder
+(:func:`export_system`, encoders as int8 rows, loop configs, its card :func:`shipped_card`) or one reader / IRRR
+checkpoint (:func:`export_checkpoint`). Each takes folders and returns what it wrote; ``scripts/export_pretrained.py``
+is the command line.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from effrag.pretrained import LOOP_DATASETS  # a shipped system's loop-<dataset>.json
+
+
+def export_system(src: Path, dst: Path, figures: Path | None = None) -> dict:
+    """An EfficientRAG system folder (``bash scripts/train_efficientrag.sh all``'s) into ``dst`` as it ships: encoders
+    as int8 rows, loop configs, the source cards, ``README.md`` (:func:`shipped_card`) and ``export.json``."""
+    from effrag.models import FilterModel, LabelerModel, RankerModel, WEIGHTS_NAME
+    from effrag.models.compact import COMPACT_NAME, has_compact_encoder
+    from effrag.provenance import file_sha256, portable, provenance
+
+    for need in ("labeler", "filter", "loop.json", *(f"loop-{d}.json" for d in LOOP_DATASETS)):
+        if not (src / need).exists():
+            raise FileNotFoundError(f"{src / need} not found: train the model first (bash scripts/train_efficientrag.sh all)")
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.mkdir(parents=True)
+    sizes, sources = {}, {}
+    # every pool ranker the system holds: ranker/ and any ranker-<name>/ a loop config reads with (its "ranker")
+    rankers = sorted(d.name for d in src.iterdir() if d.is_dir() and (d.name == "ranker" or d.name.startswith("ranker-")))
+    models = [("labeler", LabelerModel), ("filter", FilterModel)] + [(name, RankerModel) for name in rankers]
+    for name, cls in models:
+        # a folder that already holds int8 rows (a shipped system retuned in place) is copied as it is
+        if has_compact_encoder(src / name):
+            shutil.copytree(src / name, dst / name)
+            sources[name] = {COMPACT_NAME: file_sha256(src / name / COMPACT_NAME)}
+        else:
+            model = cls.from_pretrained(src / name)
+            model.save_pretrained(dst / name, compact=True)
+            sources[name] = {WEIGHTS_NAME: file_sha256(src / name / WEIGHTS_NAME)}
+            if (src / name / "README.md").is_file():
+                shutil.copy(src / name / "README.md", dst / name / "TRAINING.md")
+        sizes[name] = (dst / name / COMPACT_NAME).stat().st_size
+    for f in ["loop.json", *(f"loop-{d}.json" for d in LOOP_DATASETS)]:
+        shutil.copy(src / f, dst / f)
+    if (src / "README.md").is_file():
+        shutil.copy(src / "README.md", dst / "RECIPE.md")
+    info = portable({"source": str(src), "source_sha256": sources, "int8_bytes": sizes, **provenance()})
+    (dst / "export.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    card = shipped_card(src, sizes)
+    if figures is not None:  # the quickstart's table for exactly these weights
+        card += ("\n## Figures of these (int8) weights\n\nFrom `effrag quickstart` (dense MiniLM retriever, the bundled "
+                 "dev questions, corpus = the bundled sample's contexts):\n\n" + figures.read_text().split("\n", 2)[-1])
+    (dst / "README.md").write_text(card)
+    return info
+
+
+def export_checkpoint(kind: str, src: Path, dst: Path) -> dict:
+    """One checkpoint folder (a reader or an IRRR model) into ``dst``, its encoder as int8 rows."""
+    from effrag.models import WEIGHTS_NAME, load_model
+    from effrag.models.compact import COMPACT_NAME
+    from effrag.provenance import file_sha256, portable, provenance
+
+    model = load_model(src)
+    if model.model_type != kind:
+        raise ValueError(f"{src}: model_type is {model.model_type!r}, not {kind!r}")
+    if dst.exists():
+        shutil.rmtree(dst)
+    model.save_pretrained(dst, compact=True)
+    for name in ("README.md", "metrics.json", "irrr.json"):  # irrr.json: the loop options chosen for the model
+        if (src / name).is_file():
+            shutil.copy(src / name, dst / ("TRAINING.md" if name == "README.md" else name))
+    info = portable({"source": str(src), "source_sha256": {WEIGHTS_NAME: file_sha256(src / WEIGHTS_NAME)},
+                     "int8_bytes": {kind: (dst / COMPACT_NAME).stat().st_size}, **provenance()})
+    (dst / "export.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    return info
+
+
+def shipped_card(src: Path, sizes: dict, source: str | None = None) -> str:
+    """The shipped system's ``README.md``: what it holds, which questions chose what, its cross-fitted figures
+    (those of ``src``'s loop files); ``source``: the folder it was exported from, if not ``src``."""
+    from effrag.pipelines.base import DEFAULT_RETRIEVER
+    from effrag.provenance import portable_path
+
+    mb = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sizes.items())
+    retuned = ("; its loop configs were then retuned on these int8 weights (`NAME=int8 TUNE_ONLY=effrag/pretrained/"
+               "efficientrag-all bash scripts/train_efficientrag.sh all`)") if source else ""
+    general = json.loads((src / "loop.json").read_text())
+    kind = general.get("retriever") or DEFAULT_RETRIEVER
+    rows = []
+    for name in ["loop.json", *(f"loop-{d}.json" for d in LOOP_DATASETS)]:
+        cfg = json.loads((src / name).read_text())
+        for ds, fig in (cfg.get("crossfit") or {}).items():
+            rec = fig["recall"]
+            rows.append(f"| `{name}` | {ds} | {fig['n']} | {100 * rec['7']:.1f} | {100 * rec['10']:.1f} | "
+                        f"{' / '.join(f'{x:.0f}' for x in fig['forwards'])} |")
+    table = "\n".join(["| config | dev file | questions | <= 7 chunks | <= 10 chunks | read per question "
+                       "(Labeler / ranker / Filter) |", "|---|---|---:|---:|---:|---|", *rows])
+    return f"""# efficientrag-all (shipped with effrag)
+
+The recommended EfficientRAG system, as `bash scripts/train_efficientrag.sh all` makes it: a Labeler and a Filter
+(all-MiniLM-L6-v2 fine-tunes) and a pool ranker (since 2026-11-27 a 2-layer student, distilled at 128 sub-tokens from
+a 6-layer MiniLM ranker: a read costs 0.23 of a Labeler read) trained on annotation-derived data from the HotpotQA,
+2WikiMultihopQA and MuSiQue train files in `../shared/data` (1,099 questions, pooled), and loop configs chosen on the
+dev files.
+The loop runs over a **{kind}** retriever (the one its configs were tuned for, and the default wherever it is opened).
+
+- `labeler/`, `filter/`, `ranker/` (and `ranker-teacher/`, the 6-layer ranker the student was distilled from, which
+  a loop config naming it reads with: `"ranker": "ranker-teacher"`): effrag checkpoints whose encoders are stored as
+  int8 rows ({mb}; the rankers' frozen word embeddings are taken from the installed all-MiniLM-L6-v2; see
+  `effrag/models/compact.py`), dequantized to fp32 when loaded. `TRAINING.md` in each is its training run's card.
+- `loop.json`: the general loop config, chosen jointly on the three dev files: the default, and what to use on a
+  corpus of your own. `loop-<dataset>.json`: chosen on that dataset's dev file.
+- `RECIPE.md`: the recipe's card with every figure; `export.json`: the sha256 of the source weights, versions
+  and the export command.
+
+## Which questions chose what
+- The models: trained on the train files only; the ranker's (and its teacher's) installed checkpoint is the end of
+  its schedule, and its recipe (2 layers, 128 sub-tokens, half soft targets) was fixed before any dev question ran.
+- The loop configs: chosen on the dev files' questions, **except** the bundled sample's 30 per dataset (what
+  `effrag quickstart` shows), by the rule each file records under `chosen_on.rule` (since 2026-11-27: the config
+  that reads least among those whose recall with at most 7 and 10 chunks keeps the strongest Direct-R@20 and @30 of
+  the same questions + one standard error of the per-question difference). The ranker's training-data options, the grid's fixed values and ranges, the loop
+  structures and the pool's link options (designed by reading HotpotQA dev pools, 2026-11-26) were settled on the
+  same dev files, bundled sample included: only the final pick among the grid's configs is cross-fitted.
+- The figures below are **cross-fitted**: each question is scored by the config chosen on the other folds (5
+  folds), so no figure comes from the questions that chose it. The chosen configs' own in-sample recall is in
+  each file (`in_sample_recall`) and is not a figure to quote.
+
+{table}
+
+Against the strongest plain retriever (BM25, dense, hybrid) on the same questions: *Dev figures* below (the recipe's card, `RECIPE.md`, has the source system's).
+
+## Use it (offline)
+
+```python
+from effrag import EfficientRAG
+rag = EfficientRAG.from_pretrained("efficientrag-all", corpus="corpus.jsonl")   # loop.json over its {kind} retriever
+rag = EfficientRAG.from_pretrained("efficientrag-all", corpus="corpus.jsonl", dataset="musique")  # loop-musique.json
+rag.retrieve("Which person went into space at a later date, Sigmund Jähn or Christer Fuglesang?")
+```
+
+`effrag eval --method efficientrag --questions dev.jsonl --corpus-from train.jsonl ...` uses it by default
+(`--model efficientrag-all`, `--er-config .../loop-musique.json` for a per-dataset config).
+
+Exported from `{source or portable_path(src)}` by `python scripts/export_pretrained.py --src {source or portable_path(src)} --dst <this directory>`{retuned}.
+Licences of the training data: HotpotQA CC BY-SA 4.0, 2WikiMultihopQA Apache-2.0, MuSiQue CC BY 4.0;
+all-MiniLM-L6-v2 Apache-2.0.
+"""

@@ -187,14 +187,24 @@ def add_ranker_data_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("ranker-data", help="training groups for the pool ranker: each gold chunk against "
                               "the hard negatives of its query", description="``effrag ranker-data`` "
                               "(data_synthesis/ranker_groups.py).")
-    p.add_argument("--synth", required=True, metavar="DIR", help="`effrag synthesize` output (labeler.jsonl)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--synth", metavar="DIR", help="`effrag synthesize` output (labeler.jsonl): each gold chunk "
+                        "of its records against hard negatives of the same query")
+    source.add_argument("--from-loop", metavar="SYSTEM", help="a trained system (folder or shipped name): its loop "
+                        "runs over the --inputs questions and each search is a group, the query with its top --depth "
+                        "hits, gold flagged (data_synthesis/loop_groups.py; what a distilled ranker reads at "
+                        "inference); a killed run resumes")
+    p.add_argument("--loop-config", metavar="FILE", help="with --from-loop: the loop config (default: the system's "
+                   "loop.json)")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="with --from-loop: questions per loop run")
     p.add_argument("--inputs", required=True, nargs="+", metavar="FILE",
                    help="the dataset files that output was synthesised from (questions, contexts, corpus)")
     p.add_argument("--output", required=True, metavar="DIR", type=output_dir,
                    help="writes DIR/ranker.jsonl and DIR/ranker_data.json")
     p.add_argument("--retriever", choices=["dense", "bm25", "hybrid"], default="hybrid",
                    help="what mines the negatives (default hybrid: the loop's default retriever)")
-    p.add_argument("--depth", type=positive_int, default=30, help="hits per query to draw negatives from")
+    p.add_argument("--depth", type=positive_int, default=30, help="hits per query to draw negatives from (with "
+                   "--from-loop: the hits of a search that make its group)")
     p.add_argument("--negatives", type=positive_int, default=7, help="negatives per group")
     p.add_argument("--groups-per-positive", type=positive_int, default=2)
     p.add_argument("--no-context", action="store_true", help="no distractor paragraphs of the question's own")
@@ -216,6 +226,10 @@ def run_ranker_data(args) -> dict:
 
     from .ranker_groups import write_ranker_data
 
+    if args.from_loop:
+        return run_loop_groups(args)
+    if args.loop_config:
+        raise ValueError("ranker-data: --loop-config goes with --from-loop SYSTEM")
     options = {"depth": args.depth, "negatives": args.negatives, "groups_per_positive": args.groups_per_positive,
                "context": not args.no_context, "seed": args.seed, "info": args.info,
                "question_first_hop_only": args.question_first_hop_only}
@@ -230,6 +244,30 @@ def run_ranker_data(args) -> dict:
             return info
     info = write_ranker_data(args.synth, args.inputs, args.output, args.retriever, cache_dir=args.cache_dir,
                              **options)
+    if not args.quiet:
+        print(json.dumps(info, indent=2))
+    return info
+
+
+def run_loop_groups(args) -> dict:
+    """``effrag ranker-data --from-loop``: a finished output with the same settings is reused, a partial one
+    resumes (:func:`.loop_groups.write_loop_groups`)."""
+    from effrag.setup import same_run
+
+    from .loop_groups import loop_group_settings, write_loop_groups
+
+    done = Path(args.output) / "ranker_data.json"
+    if done.is_file() and (Path(args.output) / "ranker.jsonl").is_file():
+        info = json.loads(done.read_text())
+        settings = loop_group_settings(args.from_loop, args.inputs, loop_config=args.loop_config,
+                                       retriever=args.retriever, depth=args.depth)
+        if same_run({k: info.get(k) for k in settings}, settings):
+            if not args.quiet:
+                print(f"{args.output}: done ({info['groups']} groups), reused")
+            return info
+    info = write_loop_groups(args.from_loop, args.inputs, args.output, loop_config=args.loop_config,
+                             retriever=args.retriever, depth=args.depth, batch_size=args.batch_size,
+                             cache_dir=args.cache_dir, show_progress=not args.quiet)
     if not args.quiet:
         print(json.dumps(info, indent=2))
     return info

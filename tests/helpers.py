@@ -357,6 +357,21 @@ def launch_training(tiny: dict, out: Path, launcher: list[str], use_cpu: bool, *
     return json.loads((out / "results.json").read_text())
 
 
+def kill_9_when(proc: subprocess.Popen, ready, timeout: float = 120) -> None:
+    """SIGKILL ``proc`` as soon as ``ready()`` is true (polled every 5 ms), failing if it ended first."""
+    import signal
+    import time
+
+    try:
+        deadline = time.time() + timeout
+        while time.time() < deadline and proc.poll() is None and not ready():
+            time.sleep(0.005)
+        assert proc.poll() is None, (proc.stderr.read().decode()[-2000:] if proc.stderr else "ended before the kill")
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+
+
 class Killed(BaseException):
     """Stands for a SIGKILL in the middle of a step: nothing of the loop's own cleanup runs."""
 

@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -288,6 +286,8 @@ def _files(d: Path) -> dict[str, str]:
 
 
 def test_resume_after_kill_9_matches_an_uninterrupted_run(tmp_path):
+    from helpers import kill_9_when
+
     inputs = [str(sample_path(ds, "train")) for ds in DATASETS]
     ref = tmp_path / "ref"
     synthesize(inputs, ref, negatives=False, show_progress=False)
@@ -296,19 +296,14 @@ def test_resume_after_kill_9_matches_an_uninterrupted_run(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "data_synthesis.cli", "--inputs", *inputs, "--output",
                              str(out), "--no-negatives", "--quiet"], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:  # kill while an item's records are written but its done marker is not
-        deadline = time.time() + 120
-        while time.time() < deadline and proc.poll() is None:
-            done = {r["qid"] for r in read_jsonl(out / "done.jsonl")} if (out / "done.jsonl").exists() else set()
-            lab = out / "labeler.jsonl"
-            text = lab.read_text() if lab.exists() else ""
-            if len(done) >= 3 and text.endswith("\n") and json.loads(text.splitlines()[-1])["qid"] not in done:
-                break
-            time.sleep(0.01)
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait(timeout=30)
+
+    def records_written_but_not_marked_done() -> bool:  # an item's records are written, its done marker is not
+        done = {r["qid"] for r in read_jsonl(out / "done.jsonl")} if (out / "done.jsonl").exists() else set()
+        lab = out / "labeler.jsonl"
+        text = lab.read_text() if lab.exists() else ""
+        return len(done) >= 3 and text.endswith("\n") and json.loads(text.splitlines()[-1])["qid"] not in done
+
+    kill_9_when(proc, records_written_but_not_marked_done)
     killed_done = len((out / "done.jsonl").read_text().splitlines())
     assert 3 <= killed_done < 180
     result = synthesize(inputs, out, negatives=False, show_progress=False)

@@ -1,0 +1,165 @@
+"""Ranker groups from the loop's own searches (``effrag ranker-data --from-loop SYSTEM``): what a distilled pool
+ranker reads at inference.
+
+The synthesised groups (:mod:`.ranker_groups`) pair each oracle query with its gold and 7 negatives. The loop's later
+queries are not oracle queries: they are the Filter's kept words, and its ranker reads every chunk they retrieve (the
+new ones, and with ``rescore_top`` the seen ones again). Here a trained system's loop (its Labeler and Filter, with a
+loop config of the system) runs over the train questions, and every search it makes becomes one group: its top
+``depth`` hits under the text the loop's ranker reads them with (the query, or with ``rank_query: info`` a later
+query's Filter input), each flagged gold by the question's annotation. A hit that copies a gold article under
+another id (the same title) is left out, as :mod:`.ranker_groups` leaves it out of the negatives: never taught as
+irrelevant. A group needs a gold and a negative (the ranker task's contract); ``counts`` says how many searches had
+none. ``effrag ranker-teacher`` then scores the groups: soft targets for the student on the loop's own pairs.
+
+The pool ranker only reorders the pool, so it runs only where the config lets it choose what the Labeler reads
+(``labeler_top``): otherwise the queries, and so the groups, are the same with or without it.
+
+Questions run in batches; each finished batch's groups are appended to ``ranker.jsonl.partial`` and its end offset
+recorded in ``loop_groups.progress.json``, so a killed run resumes after the last whole batch (bytes past that offset,
+a torn write, are cut off).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from effrag.data.records import normalize_space
+
+PROGRESS_NAME = "loop_groups.progress.json"
+
+
+def _title_key(title: str) -> str:
+    return normalize_space(title).casefold()
+
+
+class RecordingRetriever:
+    """A retriever that remembers each query's longest hit list of the current batch (the loop refills past seen
+    chunks with a larger ``k``; a deterministic retriever's shorter lists are its prefixes)."""
+
+    def __init__(self, retriever):
+        self.retriever = retriever
+        self.hits: dict[str, list[Any]] = {}
+
+    def search(self, queries: list[str], k: int) -> list[list[Any]]:
+        out = self.retriever.search(queries, k)
+        for q, hs in zip(queries, out):
+            if len(hs) > len(self.hits.get(q, ())):
+                self.hits[q] = list(hs)
+        return out
+
+
+def search_groups(question, state, hits: dict[str, list[Any]], depth: int, counts: dict[str, int],
+                  info: bool = False) -> list[dict]:
+    """One group per search of one question's loop (its :class:`~effrag.pipelines.efficientrag.LoopState`): its
+    top ``depth`` hits under ``query``, the text the loop's ranker reads them with: with ``info``
+    (``rank_query: info``) a later query's Filter input, "<query> Info: <kept words>" (``search_query`` is what
+    was searched)."""
+    gold_ids = set(question.gold_ids)
+    gold_titles = {_title_key(p.title) for p in question.gold}
+    groups = []
+    for entry in state.trace:
+        for query in entry["queries"]:
+            counts["searches"] += 1
+            cands = []
+            for h in hits.get(query, [])[:depth]:
+                gold = h.id in gold_ids
+                if not gold and _title_key(h.title) in gold_titles:
+                    counts["gold_copies_left_out"] += 1
+                    continue
+                cands.append({"chunk_id": h.id, "title": h.title, "text": h.text, "gold": int(gold)})
+            if not any(c["gold"] for c in cands):
+                counts["no_gold"] += 1
+                continue
+            if len(cands) < 2:
+                counts["no_negative"] += 1
+                continue
+            read = state.infos.get(query, query) if info else query
+            groups.append({"qid": question.id, "dataset": question.dataset, "hop": entry["hop"], "query": read,
+                           "search_query": query, "candidates": cands})
+            counts["groups"] += 1
+            counts["pairs"] += len(cands)
+    return groups
+
+
+def loop_group_settings(system: str | Path, inputs: Sequence[str | Path], *, loop_config: str | Path | None = None,
+                        retriever: str = "hybrid", depth: int = 15, limit: int | None = None) -> dict[str, Any]:
+    """What makes an output: the system's Labeler and Filter (by their weights), its loop config, the inputs and
+    options. A partial output resumes, and a finished one is reused, only under the same settings."""
+    from effrag.models.model_files import fingerprint
+    from effrag.pipelines.efficientrag.system import open_system
+
+    files = open_system(system, loop_config)
+    return {"from_loop": str(system), "loop_config": str(files.config) if files.config else None,
+            "labeler_fingerprint": fingerprint(files.labeler), "filter_fingerprint": fingerprint(files.filter),
+            "inputs": [str(f) for f in inputs], "retriever": retriever, "depth": depth, "limit": limit}
+
+
+def _resume(out: Path, settings: dict) -> tuple[int, dict[str, int]]:
+    """How many questions a partial output already holds (and their counts); a partial begun with other settings,
+    or bytes past the last recorded batch, are removed."""
+    partial, progress = out / "ranker.jsonl.partial", out / PROGRESS_NAME
+    state = json.loads(progress.read_text()) if progress.is_file() else None
+    if not partial.is_file() or state is None or state.get("settings") != settings:
+        partial.unlink(missing_ok=True)
+        return 0, {}
+    with partial.open("r+b") as f:
+        f.truncate(int(state["bytes"]))  # a torn write after the last recorded batch
+    return int(state["questions"]), dict(state["counts"])
+
+
+def write_loop_groups(system: str | Path, inputs: Sequence[str | Path], output: str | Path, *,
+                      loop_config: str | Path | None = None, retriever: str = "hybrid", depth: int = 15,
+                      batch_size: int = 32, limit: int | None = None, cache_dir: str | Path | None = None,
+                      bf16: bool = True, show_progress: bool = True) -> dict[str, Any]:
+    """``effrag ranker-data --from-loop``: ``<output>/ranker.jsonl`` and ``<output>/ranker_data.json``.
+
+    The questions and the corpus come from ``inputs`` (their contexts pooled, searched by a ``retriever`` of that
+    kind, cached as every run's index is); the loop is ``system``'s with ``loop_config`` (default its ``loop.json``).
+    """
+    from effrag.pipelines.efficientrag import EfficientRAGLoop, build_config, load_models
+    from effrag.pipelines.efficientrag.system import open_system
+    from effrag.setup import RunSetup
+
+    from .ranker_groups import list_questions
+
+    files = open_system(system, loop_config)
+    config = build_config(str(files.config) if files.config else None)
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = loop_group_settings(system, inputs, loop_config=loop_config, retriever=retriever, depth=depth,
+                                   limit=limit)
+    questions = list_questions(inputs)[:limit] if limit else list_questions(inputs)
+    setup = RunSetup.build(questions, corpus_from=list(inputs), retriever=retriever, bf16=bf16, cache_dir=cache_dir)
+    ranker = files.ranker if config.labeler_top is not None else None
+    labeler, filter_model, *rest = load_models(files.labeler, files.filter, ranker=ranker)
+    recorder = RecordingRetriever(setup.retriever)
+    loop = EfficientRAGLoop(labeler, filter_model, recorder, config, ranker=rest[0] if rest else None)
+    done, counts = _resume(out, settings)
+    counts = {"searches": 0, "groups": 0, "pairs": 0, "no_gold": 0, "no_negative": 0, "gold_copies_left_out": 0,
+              **counts}
+    partial, progress = out / "ranker.jsonl.partial", out / PROGRESS_NAME
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(setup.questions), initial=done, unit="question", desc="loop groups",
+               disable=not show_progress)
+    with partial.open("ab") as f:
+        for i in range(done, len(setup.questions), batch_size):
+            batch = setup.questions[i:i + batch_size]
+            recorder.hits = {}
+            states = loop.run_states([q.question for q in batch])
+            lines = [json.dumps(g, ensure_ascii=False) + "\n" for q, s in zip(batch, states)
+                     for g in search_groups(q, s, recorder.hits, depth, counts, config.rank_query == "info")]
+            f.write("".join(lines).encode("utf-8"))
+            f.flush()
+            tmp = progress.with_suffix(".tmp")  # replaced whole: a kill never leaves a torn progress record
+            tmp.write_text(json.dumps({"settings": settings, "questions": i + len(batch), "bytes": f.tell(),
+                                       "counts": counts}) + "\n")
+            tmp.replace(progress)
+            bar.update(len(batch))
+    bar.close()
+    partial.replace(out / "ranker.jsonl")
+    progress.unlink()
+    info = {**settings, "questions": len(setup.questions), **counts}
+    (out / "ranker_data.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info

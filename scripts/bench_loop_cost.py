@@ -81,21 +81,25 @@ def main(argv=None) -> int:
                    help="a system folder or shipped name (labeler/, filter/, [ranker/], loop-<dataset>.json)")
     p.add_argument("--general", action="store_true", help="the system's general loop.json instead of its "
                    "loop-<dataset>.json (what a corpus of your own gets)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where the models run (cuda: the loop's models and the dense leg's encoder on the GPU)")
     p.add_argument("--output", default="reports/efficientrag/loop-cost")
     args = p.parse_args(argv)
     logging.getLogger("effrag.models").setLevel(logging.ERROR)
     logging.getLogger("effrag.hardware").setLevel(logging.ERROR)
 
     data = Path(args.data_dir) / args.dataset
+    device_name = (f"GPU {torch.cuda.get_device_name(0)}, torch {torch.__version__}" if args.device == "cuda"
+                   else f"CPU, torch threads {torch.get_num_threads()}")
     t0 = time.perf_counter()
     system = open_system(args.checkpoints, dataset=None if args.general else args.dataset)
     kind = system.retriever or "dense"  # the retriever the loop config was tuned over
     setup = RunSetup.build(data / "dev.jsonl", corpus_from=[data / "train.jsonl"], retriever=kind, bf16=True,
-                           limit=args.limit)
+                           limit=args.limit)  # the dense leg's encoder is on the GPU wherever one is
     setup_s = time.perf_counter() - t0
     base = build_config(system.config)
     ranker_dir = system.ranker if base.pool_order == "rank" else None
-    models = load_models(system.labeler, system.filter, "cpu", ranker=ranker_dir)
+    models = load_models(system.labeler, system.filter, args.device, ranker=ranker_dir)
     labeler, filter_model, ranker = models if ranker_dir is not None else (*models, None)
     ck = portable_path(system.config)
     names = ["shipped"] + [n for n in args.variants if n != "shipped"]
@@ -114,7 +118,7 @@ def main(argv=None) -> int:
           f"{' '.join(sys.argv[1:])}`.\n",
           f"Shipped loop config `{ck}` (read by name from `{args.checkpoints}`), {kind} retriever (index cached, setup "
           f"{setup_s:.1f} s), batched runs of {args.batch} questions, one-at-a-time runs of the first {args.single}, "
-          f"torch threads {torch.get_num_threads()}. *unit* = one plain MiniLM-L6 (Labeler) forward per (query, "
+          f"models on the {device_name}. *unit* = one plain MiniLM-L6 (Labeler) forward per (query, "
           f"chunk) pair the loop read (trained length, length-sorted batches of 64, {args.unit_pairs} pairs), the "
           f"faster of fp32 and bf16 (here: {', '.join(modes)}), one batch timed after each loop batch of each "
           "variant; *ratio* = loop s/q ÷ unit: pair-forward equivalents per question (issue #45 target ≤ 12). "
@@ -130,7 +134,7 @@ def main(argv=None) -> int:
         {"provenance": provenance(prog="scripts/bench_loop_cost.py", files=[data / "dev.jsonl"]),
          "commit": _commit(),
          "setup": {**setup.identity(), "n": len(setup.texts), "batch": args.batch, "single": args.single,
-                   "unit_pairs": args.unit_pairs, "threads": torch.get_num_threads(), "setup_s": setup_s,
+                   "unit_pairs": args.unit_pairs, "threads": torch.get_num_threads(), "device": device_name, "setup_s": setup_s,
                    "base_config": base.to_json()},
          "rows": rows}), indent=2, default=str))
     print(table)

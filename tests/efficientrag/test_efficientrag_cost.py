@@ -184,3 +184,15 @@ def test_loop_cost_measures_a_tiny_setup(models, retriever, corpus, hotpot):
     assert b["pairs_per_q"] > 0 and b["unit_s"] > 0 and b["ratio"] > 0 and 0 <= b["recall"] <= 1
     assert b["plain_all_s_per_q"] > 0 and set(b["stages"]) == {"retrieval", "labeler", "filter", "other"}
     assert "| baseline |" in bench.report(out, b["recall"])
+
+
+def test_a_gpu_run_warms_up_on_a_whole_batch(models, retriever):
+    """One question warms a CPU; a GPU picks kernels per shape, so its warm-up is a whole batch (the device is read
+    off the Labeler: a CUDA device object is enough to choose, no GPU runs here)."""
+    from effrag.tuning.loop_cost import warmup_size
+
+    lab, fil = models
+    loop = EfficientRAGLoop(lab, fil, retriever, EfficientRAGConfig(hop_k=3, max_hops=2))
+    assert warmup_size(loop, 32) == 1
+    gpu_loop = SimpleNamespace(labeler=SimpleNamespace(device=torch.device("cuda", 0)))
+    assert warmup_size(gpu_loop, 32) == 32 and warmup_size(SimpleNamespace(), 32) == 1

@@ -18,6 +18,10 @@ chosen on dev questions, so recall here is in-sample; the cross-fitted figures a
 The measuring is :mod:`effrag.tuning.loop_cost`; this is its command line and report.
 
     nice -n 5 .venv/bin/python scripts/bench_loop_cost.py --dataset hotpotqa --limit 100
+    python scripts/bench_loop_cost.py --device cuda --batch 32 --dataset hotpotqa --limit 256   # the GPU rows
+
+With ``--device cuda`` the models and the dense leg's encoder run on the GPU, the unit's clock is read after a
+device sync, and each variant warms up on a whole batch (:func:`effrag.tuning.loop_cost.warmup_size`).
 """
 from __future__ import annotations
 

@@ -62,17 +62,6 @@ def _commit() -> str:
 
 
 def main(argv=None) -> int:
-    import logging
-
-    import torch
-
-    from effrag.setup import RunSetup
-    from effrag.pipelines.efficientrag import build_config, load_models
-    from effrag.tuning.loop_cost import measure, report
-    from effrag.pipelines.efficientrag.system import open_system
-    from effrag.provenance import portable, portable_path
-    from effrag.provenance import provenance
-
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dataset", default="hotpotqa")
     p.add_argument("--data-dir", default="../shared/data")
@@ -89,6 +78,19 @@ def main(argv=None) -> int:
                    help="where the models run (cuda: the loop's models and the dense leg's encoder on the GPU)")
     p.add_argument("--output", default="reports/efficientrag/loop-cost")
     args = p.parse_args(argv)
+    if args.device == "cpu":  # every model on the CPU, the dense leg's encoder too (it takes a GPU wherever one is)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    import logging
+
+    import torch
+
+    from effrag.setup import RunSetup
+    from effrag.pipelines.efficientrag import build_config, load_models
+    from effrag.tuning.loop_cost import measure, report
+    from effrag.pipelines.efficientrag.system import open_system
+    from effrag.provenance import portable, portable_path
+    from effrag.provenance import provenance
+
     logging.getLogger("effrag.models").setLevel(logging.ERROR)
     logging.getLogger("effrag.hardware").setLevel(logging.ERROR)
 
@@ -99,7 +101,7 @@ def main(argv=None) -> int:
     system = open_system(args.checkpoints, dataset=None if args.general else args.dataset)
     kind = system.retriever or "dense"  # the retriever the loop config was tuned over
     setup = RunSetup.build(data / "dev.jsonl", corpus_from=[data / "train.jsonl"], retriever=kind, bf16=True,
-                           limit=args.limit)  # the dense leg's encoder is on the GPU wherever one is
+                           limit=args.limit)
     setup_s = time.perf_counter() - t0
     base = build_config(system.config)
     ranker_dir = system.ranker if base.pool_order == "rank" else None

@@ -3,8 +3,8 @@
 # and the loop configs chosen on the dev files with cross-fitted figures.
 #   bash scripts/train_efficientrag.sh all           # the three train sets pooled -> checkpoints/efficientrag-all
 #   bash scripts/train_efficientrag.sh hotpotqa      # one train set -> checkpoints/efficientrag-hotpotqa
-# Writes the system folder checkpoints/efficientrag-<name>/: labeler/, filter/, ranker/ (the distilled one; its
-# teacher in ranker-teacher/; model cards inside),
+# Writes the system folder checkpoints/efficientrag-<name>/: labeler/, filter/, ranker/ (the distilled one, trained
+# last on the loop's own reads; its teacher in ranker-teacher/; model cards inside),
 # loop-<dataset>.json for hotpotqa, 2wikimqa and musique (chosen on that dev file), loop.json (one config chosen
 # jointly on the three: the default for a corpus of your own) and README.md. Every loop config records the retriever
 # it was tuned for (RETRIEVER, default hybrid) and the cross-fitted recall of the protocol that chose it.
@@ -27,12 +27,16 @@
 #    that point's pool weights the simplest within one standard error of the best recall (PREFER=recall: the best),
 #    5-fold cross-fitted recall at <= 7 and <= 10 chunks against the strongest of BM25, dense and hybrid Direct-R,
 #    the cost points' Pareto table and the card.
+# 5. The student again, where it reads (LOOP_DISTILL=0 skips it): `effrag ranker-data --from-loop` makes one group of
+#    each search the tuned system's loop (loop.json) makes over the train questions (the query as the ranker reads
+#    it, the top 20 hits), the teacher scores them, configs/ranker_distilled_loop.yaml trains the student one more
+#    epoch on them (installed over ranker/), and step 4 runs again with its rows (runs/tune/<name>-<dataset>-loop).
 # Every stage resumes; finished stages are reused.
 # Env: DATA (default ../shared/data), PROCESSES (CPU processes, default 1), BIN (default .venv/bin), LAUNCH (raw
 # `accelerate launch` arguments for GPUs, e.g. LAUNCH="--multi_gpu --num_processes 4"), RETRIEVER (the loop's
 # retriever, default hybrid), NEG_PER_QUERY, CONTEXT_NEG, TUNE_GRID, FOLDS (default 5), RULE (cheapest or best),
-# MARGIN (points, or se: one standard error, the default), PREFER (simple, the default, or recall), NAME (checkpoint name, default
-# the dataset), LABELER_ARGS (Labeler-only overrides), RANKER_ARGS (ranker-only overrides), TUNE_ONLY=DIR (no synthesis
+# MARGIN (points, or se: one standard error, the default), PREFER (simple, the default, or recall), LOOP_DISTILL (0: no step
+# 5), NAME (checkpoint name, default the dataset), LABELER_ARGS (Labeler-only overrides), RANKER_ARGS (ranker-only overrides), TUNE_ONLY=DIR (no synthesis
 # or training: tune the system DIR/{labeler,filter,ranker} and write DIR/loop*.json; how the package's int8 copy is
 # tuned: NAME=int8 TUNE_ONLY=effrag/pretrained/efficientrag-all). Extra args after the dataset go to the Labeler and
 # Filter trainings, e.g. `... all --train.epochs 2`.
@@ -84,21 +88,35 @@ done
 "$BIN/python" scripts/train_models.py --models ranker_distilled --name "$name" \
   --teacher-data "runs/ranker/train_${ds}_teacher" --processes "${PROCESSES:-1}" ${LAUNCH:+--launch-args "$LAUNCH"}
 fi
-tunes=()
-for d in hotpotqa 2wikimqa musique; do  # every dev question's result is kept: the report cross-fits them
-  # shellcheck disable=SC2086
-  "$BIN/python" scripts/tune_efficientrag.py --labeler "$ck/labeler" --filter "$ck/filter" --ranker "$ck/ranker" \
-    --questions "$DATA/$d/dev.jsonl" --corpus-from "$DATA/$d/train.jsonl" --retriever "$RETRIEVER" --bf16 --er-bf16 --n 0 \
-    "${grid_args[@]}" --output "runs/tune/$name-$d" > /dev/null  # table: runs/tune/*/table.md
-  tunes+=("$d=runs/tune/$name-$d")
-  if [ -d "$ck/ranker-teacher" ]; then  # the teacher's rows too: the report chooses among both rankers' configs
-    "$BIN/python" scripts/tune_efficientrag.py --labeler "$ck/labeler" --filter "$ck/filter" \
-      --ranker "$ck/ranker-teacher" --questions "$DATA/$d/dev.jsonl" --corpus-from "$DATA/$d/train.jsonl" \
-      --retriever "$RETRIEVER" --bf16 --er-bf16 --n 0 --grid-file effrag/configs/efficientrag_recipe_teacher.yaml \
-      --output "runs/tune/$name-$d-teacher" > /dev/null
-    tunes+=("$d=runs/tune/$name-$d-teacher@ranker-teacher")
-  fi
-done
-"$BIN/python" scripts/efficientrag_report.py --tune "${tunes[@]}" --data "$DATA" --folds "$FOLDS" --system "$ck" \
-  --rule "${RULE:-cheapest}" --margin "${MARGIN:-se}" --prefer "${PREFER:-simple}" --output "runs/tune/$name-report"
+tune_and_report() {  # $1: the student's tune folders' suffix; the teacher's rows are shared by both rounds
+  local d tunes=()
+  for d in hotpotqa 2wikimqa musique; do  # every dev question's result is kept: the report cross-fits them
+    # shellcheck disable=SC2086
+    "$BIN/python" scripts/tune_efficientrag.py --labeler "$ck/labeler" --filter "$ck/filter" --ranker "$ck/ranker" \
+      --questions "$DATA/$d/dev.jsonl" --corpus-from "$DATA/$d/train.jsonl" --retriever "$RETRIEVER" --bf16 --er-bf16 \
+      --n 0 "${grid_args[@]}" --output "runs/tune/$name-$d$1" > /dev/null  # table: runs/tune/*/table.md
+    tunes+=("$d=runs/tune/$name-$d$1")
+    if [ -d "$ck/ranker-teacher" ]; then  # the teacher's rows too: the report chooses among both rankers' configs
+      "$BIN/python" scripts/tune_efficientrag.py --labeler "$ck/labeler" --filter "$ck/filter" \
+        --ranker "$ck/ranker-teacher" --questions "$DATA/$d/dev.jsonl" --corpus-from "$DATA/$d/train.jsonl" \
+        --retriever "$RETRIEVER" --bf16 --er-bf16 --n 0 --grid-file effrag/configs/efficientrag_recipe_teacher.yaml \
+        --output "runs/tune/$name-$d-teacher" > /dev/null
+      tunes+=("$d=runs/tune/$name-$d-teacher@ranker-teacher")
+    fi
+  done
+  "$BIN/python" scripts/efficientrag_report.py --tune "${tunes[@]}" --data "$DATA" --folds "$FOLDS" --system "$ck" \
+    --rule "${RULE:-cheapest}" --margin "${MARGIN:-se}" --prefer "${PREFER:-simple}" --output "runs/tune/$name-report$1"
+}
+tune_and_report ""
+if [ -z "${TUNE_ONLY:-}" ] && [ "${LOOP_DISTILL:-1}" != 0 ]; then
+  # 5. the student again, where it reads: the tuned loop's own searches over the train questions, scored by the
+  # teacher, one more epoch (configs/ranker_distilled_loop.yaml, installed over ranker/), its rows tuned and chosen
+  "$BIN/effrag" ranker-data --from-loop "$ck" --inputs "${inputs[@]}" --output "runs/ranker/train_${ds}_loop" \
+    --depth 20 --batch-size 32
+  "$BIN/effrag" ranker-teacher --data "runs/ranker/train_${ds}_loop" --teacher "$ck/ranker-teacher" \
+    --output "runs/ranker/train_${ds}_loop_teacher" --bf16
+  "$BIN/python" scripts/train_models.py --models ranker_distilled_loop --name "$name" \
+    --teacher-data "runs/ranker/train_${ds}_loop_teacher" --processes "${PROCESSES:-1}" ${LAUNCH:+--launch-args "$LAUNCH"}
+  tune_and_report "-loop"
+fi
 echo "EfficientRAG system in $ck: labeler/, filter/, ranker/, loop.json, loop-{hotpotqa,2wikimqa,musique}.json"

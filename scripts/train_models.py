@@ -43,7 +43,7 @@ from pathlib import Path
 
 from effrag.pretrained import LOOP_DATASETS
 from effrag.provenance import DATA_ROOT, portable_text
-from effrag.training.cards import MODELS, model_card
+from effrag.training.cards import MODELS, card_describes_run, model_card
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout: train.py, configs/, checkpoints/, runs/
 BIN = Path(sys.executable).parent
@@ -71,6 +71,9 @@ def role_overrides(recipe, role: str, extra: list[str]) -> list[str]:
     elif role == "ranker_distilled":  # the teacher's groups with its scores; the student starts from the teacher
         out = ["--data.train_file", str(Path(recipe.teacher_data) / "ranker.jsonl")] if recipe.teacher_data else []
         out += ["--model.name_or_path", "checkpoints/" + MODELS["ranker"].checkpoint.format(name=recipe.name)]
+    elif role == "ranker_distilled_loop":  # the loop's groups with the teacher's scores, from the installed student
+        out = ["--data.train_file", str(Path(recipe.teacher_data) / "ranker.jsonl")] if recipe.teacher_data else []
+        out += ["--model.name_or_path", "checkpoints/" + MODELS["ranker_distilled"].checkpoint.format(name=recipe.name)]
     else:
         out = ["--data.train_file", str(Path(recipe.synth) / f"{role}.jsonl")] if recipe.synth else []
     out += list(extra)
@@ -135,7 +138,11 @@ def install(recipe, role: str, out_dir: Path, cmd: list[str], wall: float | None
     spec = MODELS[role]
     dest = REPO / "checkpoints" / spec.checkpoint.format(name=recipe.name)
     card = dest / "README.md"
+    # a reused run keeps its installed card, unless the folder holds another run's model (two roles share ranker/)
+    run = str(out_dir.relative_to(REPO) if out_dir.is_relative_to(REPO) else out_dir)
     old_card = card.read_text() if wall is None and card.is_file() else None
+    if old_card is not None and not card_describes_run(old_card, run):
+        old_card = None
     shutil.rmtree(dest, ignore_errors=True)
     which = recipe.install or spec.install or "best"
     shutil.copytree(out_dir / which, dest)
@@ -229,7 +236,8 @@ def main() -> int:
                         "(default: best; last for the ranker)")
     p.add_argument("--ranker-data", metavar="DIR", help="`effrag ranker-data` output: the ranker trains on DIR/ranker.jsonl")
     p.add_argument("--teacher-data", metavar="DIR", help="`effrag ranker-teacher` output: the distilled ranker "
-                   "(ranker_distilled) trains on DIR/ranker.jsonl, from the installed teacher")
+                   "(ranker_distilled) trains on DIR/ranker.jsonl, from the installed teacher; ranker_distilled_loop, from "
+                   "the installed student")
     p.add_argument("--synth", metavar="DIR", help="synthesis output dir: Labeler/Filter train on DIR/<model>.jsonl")
     p.add_argument("--labeler-overrides", default="", metavar="ARGS",
                    help="overrides for the Labeler only, e.g. '--model.name_or_path smollm2 --train.lr 5e-5'")

@@ -8,6 +8,7 @@ command lines relative to the repo or the data root (:func:`effrag.provenance.po
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
@@ -55,6 +56,18 @@ MODELS = {
         "ranker-data`; top1: a group's gold ranked first of 8; mrr: mean reciprocal rank of the gold",
         data_note="the teacher's training groups, each candidate with the teacher's logit (`effrag ranker-teacher`)",
         unit="groups", usage="the loop ranks its pool with it (`pool_order: rank`); a system folder's `ranker/`",
+        install="last"),
+    "ranker_distilled_loop": ModelSpec(
+        "EfficientRAG pool ranker, distilled further where it reads (the 2-layer student of `ranker_distilled`, one "
+        "more epoch on groups made of the loop's own searches over the train questions, the teacher's scores as soft "
+        "targets)",
+        "efficientrag-{name}/ranker", ["top1", "mrr", "gold_in_top3", "rank_loss"],
+        "last checkpoint (the end of the schedule: no dev question chooses it), on dev groups from `effrag "
+        "ranker-data`; top1: a group's gold ranked first of 8; mrr: mean reciprocal rank of the gold",
+        data_note="`effrag ranker-data --from-loop`: each search of the tuned system's loop (`loop.json`) over the "
+                  "train questions, its top 20 hybrid hits as the ranker reads them, each scored by the teacher "
+                  "(`effrag ranker-teacher`)",
+        unit="groups", usage="the loop ranks its pool with it (`pool_order: rank`); it replaces the system's `ranker/`",
         install="last"),
     "irrr": ModelSpec(
         "IRRR (Qi et al., 2021): one encoder with query-term, reader (SPAN/YES/NO/NOANSWER + span) and reranker "
@@ -132,3 +145,11 @@ def model_card(name: str, role: str, out_dir: Path, commands: Sequence[str], wal
         *([f"All of it (data, training, this folder): `{recipe}`"] if recipe else []),
         "Full resolved config: `effrag_config.json` (`training.config`) in this directory.", "",
     ])
+
+
+def card_describes_run(card: str, run: str) -> bool:
+    """Whether an installed card was written for the run folder ``run`` (its training command names it as
+    ``--output_dir``). Two roles install into one folder (the distilled ranker and its loop-trained successor), so a
+    reused run keeps the card it finds only when the card is its own."""
+    return re.search(rf"--output_dir {re.escape(run)}(\s|$)", card, re.M) is not None
+

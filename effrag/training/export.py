@@ -99,10 +99,10 @@ def shipped_card(src: Path, sizes: dict, source: str | None = None) -> str:
     return f"""# efficientrag-all (shipped with effrag)
 
 The recommended EfficientRAG system, as `bash scripts/train_efficientrag.sh all` makes it: a Labeler and a Filter
-(all-MiniLM-L6-v2 fine-tunes) and a pool ranker (since 2026-11-27 a 2-layer student, distilled at 128 sub-tokens from
-a 6-layer MiniLM ranker: a read costs 0.23 of a Labeler read) trained on annotation-derived data from the HotpotQA,
-2WikiMultihopQA and MuSiQue train files in `../shared/data` (1,099 questions, pooled), and loop configs chosen on the
-dev files.
+(all-MiniLM-L6-v2 fine-tunes) and a pool ranker (a 2-layer student, distilled at 128 sub-tokens from a 6-layer
+MiniLM ranker, then one more epoch on the searches of the loop itself over the train questions: a read costs 0.23 of
+a Labeler read) trained on annotation-derived data from the HotpotQA, 2WikiMultihopQA and MuSiQue train files in
+`../shared/data` (1,099 questions, pooled), and loop configs chosen on the dev files.
 The loop runs over a **{kind}** retriever (the one its configs were tuned for, and the default wherever it is opened).
 
 - `labeler/`, `filter/`, `ranker/` (and `ranker-teacher/`, the 6-layer ranker the student was distilled from, which

@@ -238,7 +238,8 @@ def test_recipe_passes_labeler_only_overrides(tmp_path):
 
     shared = ["--data.max_train_examples", "100000"]
     # --force: a fresh run each (no --resume_from_checkpoint from runs/train/all); a dry run deletes nothing
-    done = run_script("train_models", "--dry-run", "--force", "--models", "labeler,filter,irrr,ranker_distilled",
+    done = run_script("train_models", "--dry-run", "--force", "--models",
+                      "labeler,filter,irrr,ranker_distilled,ranker_distilled_loop",
                       "--name", "all", "--synth", tmp_path, "--teacher-data", "runs/ranker/train_all_teacher",
                       "--labeler-overrides=--model.name_or_path smollm2 --train.lr 5e-5",
                       "--launch-args=--num_processes 1", "--datasets", "hotpotqa,2wikimqa,musique", "--", *shared)
@@ -250,7 +251,7 @@ def test_recipe_passes_labeler_only_overrides(tmp_path):
             blocks[line.split()[1]] = []
         else:
             blocks[list(blocks)[-1]].append(line)
-    assert list(blocks) == ["labeler", "filter", "irrr", "ranker_distilled"]
+    assert list(blocks) == ["labeler", "filter", "irrr", "ranker_distilled", "ranker_distilled_loop"]
     train = {role: shlex.split(next(c for c in lines if " train.py " in c)) for role, lines in blocks.items()}
     for role, cmd in train.items():
         assert cmd[:7] == ["nice", "accelerate", "launch", "--num_processes", "1", "--num_machines", "1"]
@@ -274,8 +275,27 @@ def test_recipe_passes_labeler_only_overrides(tmp_path):
         "--data.train_file", "runs/ranker/train_all_teacher/ranker.jsonl",
         "--model.name_or_path", "checkpoints/efficientrag-all/ranker-teacher", *shared]
     assert MODELS["ranker_distilled"].checkpoint == "efficientrag-{name}/ranker"
+    # trained further on the loop's own groups: from the installed student, installed over it
+    loop = train["ranker_distilled_loop"]
+    assert loop[loop.index("--output_dir") + 2:] == [
+        "--data.train_file", "runs/ranker/train_all_teacher/ranker.jsonl",
+        "--model.name_or_path", "checkpoints/efficientrag-all/ranker", *shared]
+    assert MODELS["ranker_distilled_loop"].checkpoint == MODELS["ranker_distilled"].checkpoint
     cfg = load_config(Path(__file__).parents[2] / "configs" / "ranker_distilled.yaml")
     assert cfg.task == "ranker" and cfg.model.num_layers == 2 and cfg.model.extra_options["distill_weight"] > 0
+
+
+def test_a_reused_run_keeps_only_its_own_installed_card():
+    """Two roles install into ranker/: re-running the recipe re-installs the student over its successor, and the card
+    found there (the successor's) must not be kept for it."""
+    from effrag.training.cards import card_describes_run
+
+    card = "## Command\n```\naccelerate launch train.py --config configs/ranker_distilled_loop.yaml --output_dir " \
+           "runs/train/all/ranker_distilled_loop --data.train_file x.jsonl\n```\n"
+    assert card_describes_run(card, "runs/train/all/ranker_distilled_loop")
+    assert not card_describes_run(card, "runs/train/all/ranker_distilled")  # a prefix of the other run's folder
+    assert card_describes_run(card.replace(" --data.train_file x.jsonl", ""), "runs/train/all/ranker_distilled_loop")
+    assert not card_describes_run("no command here", "runs/train/all/ranker_distilled")
 
 
 @pytest.mark.parametrize("override, message", [

@@ -48,6 +48,7 @@ VARIANTS = {
     "f15-h5-r10-ranker128": {"first_hop_k": 15, "hop_k": 5, "rescore_top": 10, "ranker_max_length": 128},
     "f10-h5-r5-ranker128": {"first_hop_k": 10, "hop_k": 5, "rescore_top": 5, "ranker_max_length": 128},
     "ranker128": {"ranker_max_length": 128},
+    "labeler128": {"labeler_max_length": 128},
     "int8": {"int8": True},
     "batch64": {"batch_size": 64},
 }

@@ -99,6 +99,23 @@ def package_versions(packages: Sequence[str] = PACKAGES) -> dict[str, str]:
     return out
 
 
+def source_commit(repo: str | Path | None = None) -> str:
+    """The commit a figure was measured on, as a report names it: the short hash, with ``+ uncommitted changes``
+    when tracked files differ from it (a figure measured on an uncommitted tree must not name the commit before
+    the change), ``unknown`` outside a git checkout."""
+    import subprocess
+
+    where = str(repo or repo_root())
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=where, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{head} + uncommitted changes" if dirty else head
+
+
 def file_sha256(path: str | Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

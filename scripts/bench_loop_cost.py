@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,14 +51,6 @@ VARIANTS = {
     "int8": {"int8": True},
     "batch64": {"batch_size": 64},
 }
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv=None) -> int:
@@ -90,7 +81,7 @@ def main(argv=None) -> int:
     from effrag.tuning.loop_cost import measure, report
     from effrag.pipelines.efficientrag.system import open_system
     from effrag.provenance import portable, portable_path
-    from effrag.provenance import provenance
+    from effrag.provenance import provenance, source_commit
 
     logging.getLogger("effrag.models").setLevel(logging.ERROR)
     logging.getLogger("effrag.hardware").setLevel(logging.ERROR)
@@ -121,7 +112,7 @@ def main(argv=None) -> int:
     table = report(out, b["recall"])
     modes = sorted({r["unit_mode"] for r in rows})
     md = [f"# EfficientRAG loop cost: {args.dataset} dev, first {len(setup.texts)} questions\n",
-          f"{time.strftime('%Y-%m-%d')}, commit {_commit()}, `python scripts/bench_loop_cost.py "
+          f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, `python scripts/bench_loop_cost.py "
           f"{' '.join(sys.argv[1:])}`.\n",
           f"Shipped loop config `{ck}` (read by name from `{args.checkpoints}`), {kind} retriever (index cached, setup "
           f"{setup_s:.1f} s), batched runs of {args.batch} questions, one-at-a-time runs of the first {args.single}, "
@@ -139,7 +130,7 @@ def main(argv=None) -> int:
     (dest / "report.md").write_text("\n".join(md))
     (dest / "report.json").write_text(json.dumps(portable(
         {"provenance": provenance(prog="scripts/bench_loop_cost.py", files=[data / "dev.jsonl"]),
-         "commit": _commit(),
+         "commit": source_commit(),
          "setup": {**setup.identity(), "n": len(setup.texts), "batch": args.batch, "single": args.single,
                    "unit_pairs": args.unit_pairs, "threads": torch.get_num_threads(), "device": device_name, "setup_s": setup_s,
                    "base_config": base.to_json()},

@@ -196,3 +196,27 @@ def test_a_gpu_run_warms_up_on_a_whole_batch(models, retriever):
     assert warmup_size(loop, 32) == 1
     gpu_loop = SimpleNamespace(labeler=SimpleNamespace(device=torch.device("cuda", 0)))
     assert warmup_size(gpu_loop, 32) == 32 and warmup_size(SimpleNamespace(), 32) == 1
+
+
+def test_a_report_measured_on_an_uncommitted_tree_says_so(tmp_path):
+    """The loop-cost bench names the commit its figures were measured on: a tree with changed tracked files must not
+    pass for the commit before the change (new untracked files, e.g. the report being written, do not count)."""
+    import subprocess
+
+    from effrag.provenance import source_commit
+
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    assert source_commit(tmp_path) == "unknown"  # not a checkout
+    git("init", "-q")
+    (tmp_path / "loop.json").write_text("{}\n")
+    git("add", "loop.json")
+    git("commit", "-qm", "config")
+    head = git("rev-parse", "--short", "HEAD")
+    assert source_commit(tmp_path) == head
+    (tmp_path / "report.md").write_text("new\n")
+    assert source_commit(tmp_path) == head
+    (tmp_path / "loop.json").write_text('{"hop_k": 3}\n')
+    assert source_commit(tmp_path) == f"{head} + uncommitted changes"

@@ -132,7 +132,8 @@ def main(argv=None) -> int:
         {"provenance": provenance(prog="scripts/bench_loop_cost.py", files=[data / "dev.jsonl"]),
          "commit": source_commit(),
          "setup": {**setup.identity(), "n": len(setup.texts), "batch": args.batch, "single": args.single,
-                   "unit_pairs": args.unit_pairs, "threads": torch.get_num_threads(), "device": device_name, "setup_s": setup_s,
+                   "unit_pairs": args.unit_pairs, "threads": torch.get_num_threads(), "device": device_name,
+                   "setup_s": setup_s,
                    "base_config": base.to_json()},
          "rows": rows}), indent=2, default=str))
     print(table)

@@ -35,8 +35,9 @@
 # Env: DATA (default ../shared/data), PROCESSES (CPU processes, default 1), BIN (default .venv/bin), LAUNCH (raw
 # `accelerate launch` arguments for GPUs, e.g. LAUNCH="--multi_gpu --num_processes 4"), RETRIEVER (the loop's
 # retriever, default hybrid), NEG_PER_QUERY, CONTEXT_NEG, TUNE_GRID, FOLDS (default 5), RULE (cheapest or best),
-# MARGIN (points, or se: one standard error, the default), PREFER (simple, the default, or recall), LOOP_DISTILL (0: no step
-# 5), NAME (checkpoint name, default the dataset), LABELER_ARGS (Labeler-only overrides), RANKER_ARGS (ranker-only overrides), TUNE_ONLY=DIR (no synthesis
+# MARGIN (points, or se: one standard error, the default), PREFER (simple, the default, or recall), LOOP_DISTILL (0:
+# no step 5), NAME (checkpoint name, default the dataset), LABELER_ARGS (Labeler-only overrides), RANKER_ARGS
+# (ranker-only overrides), TUNE_ONLY=DIR (no synthesis
 # or training: tune the system DIR/{labeler,filter,ranker} and write DIR/loop*.json; how the package's int8 copy is
 # tuned: NAME=int8 TUNE_ONLY=effrag/pretrained/efficientrag-all). Extra args after the dataset go to the Labeler and
 # Filter trainings, e.g. `... all --train.epochs 2`.

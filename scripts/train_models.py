@@ -61,6 +61,11 @@ def data_paths(recipe, model: str) -> tuple[str, list[str]]:
     return train, [f"runs/{model}/dev_{d}/{model}.jsonl" for d in recipe.datasets]
 
 
+# the distilled rankers: the installed model each one starts from (the teacher; then the student, trained further on
+# the loop's own groups)
+STARTS_FROM = {"ranker_distilled": "ranker", "ranker_distilled_loop": "ranker_distilled"}
+
+
 def role_overrides(recipe, role: str, extra: list[str]) -> list[str]:
     """train.py overrides for one model: its data files, the shared overrides, then the Labeler-only ones."""
     if role in ("irrr", "reader"):
@@ -68,12 +73,9 @@ def role_overrides(recipe, role: str, extra: list[str]) -> list[str]:
         out = ["--data.train_file", train, "--data.eval_files", ",".join(evals)]
     elif role == "ranker":
         out = ["--data.train_file", str(Path(recipe.ranker_data) / "ranker.jsonl")] if recipe.ranker_data else []
-    elif role == "ranker_distilled":  # the teacher's groups with its scores; the student starts from the teacher
+    elif role in STARTS_FROM:  # groups scored by the teacher, from the model installed before
         out = ["--data.train_file", str(Path(recipe.teacher_data) / "ranker.jsonl")] if recipe.teacher_data else []
-        out += ["--model.name_or_path", "checkpoints/" + MODELS["ranker"].checkpoint.format(name=recipe.name)]
-    elif role == "ranker_distilled_loop":  # the loop's groups with the teacher's scores, from the installed student
-        out = ["--data.train_file", str(Path(recipe.teacher_data) / "ranker.jsonl")] if recipe.teacher_data else []
-        out += ["--model.name_or_path", "checkpoints/" + MODELS["ranker_distilled"].checkpoint.format(name=recipe.name)]
+        out += ["--model.name_or_path", "checkpoints/" + MODELS[STARTS_FROM[role]].checkpoint.format(name=recipe.name)]
     else:
         out = ["--data.train_file", str(Path(recipe.synth) / f"{role}.jsonl")] if recipe.synth else []
     out += list(extra)
@@ -236,8 +238,8 @@ def main() -> int:
                         "(default: best; last for the ranker)")
     p.add_argument("--ranker-data", metavar="DIR", help="`effrag ranker-data` output: the ranker trains on DIR/ranker.jsonl")
     p.add_argument("--teacher-data", metavar="DIR", help="`effrag ranker-teacher` output: the distilled ranker "
-                   "(ranker_distilled) trains on DIR/ranker.jsonl, from the installed teacher; ranker_distilled_loop, from "
-                   "the installed student")
+                   "(ranker_distilled) trains on DIR/ranker.jsonl, from the installed teacher; "
+                   "ranker_distilled_loop, from the installed student")
     p.add_argument("--synth", metavar="DIR", help="synthesis output dir: Labeler/Filter train on DIR/<model>.jsonl")
     p.add_argument("--labeler-overrides", default="", metavar="ARGS",
                    help="overrides for the Labeler only, e.g. '--model.name_or_path smollm2 --train.lr 5e-5'")

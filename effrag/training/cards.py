@@ -15,6 +15,10 @@ from typing import NamedTuple, Sequence
 import yaml
 
 TOKEN_KEYS = ["token_precision", "token_recall", "token_f1", "token_accuracy"]
+RANKER_KEYS = ["top1", "mrr", "gold_in_top3", "rank_loss"]
+# every pool ranker installs the end of its schedule
+RANKER_NOTE = ("last checkpoint (the end of the schedule: no dev question chooses it), on dev groups from `effrag "
+               "ranker-data`; top1: a group's gold ranked first of 8; mrr: mean reciprocal rank of the gold")
 
 
 class ModelSpec(NamedTuple):
@@ -41,9 +45,8 @@ MODELS = {
         "best checkpoint; word level, positive class = keep", paper_config=True),
     "ranker": ModelSpec(
         "EfficientRAG pool ranker, the teacher (one relevance logit per (query, chunk), listwise over hard-negative "
-        "groups; 6 layers)", "efficientrag-{name}/ranker-teacher", ["top1", "mrr", "gold_in_top3", "rank_loss"],
-        "last checkpoint (the end of the schedule: no dev question chooses it), on dev groups from `effrag "
-        "ranker-data`; top1: a group's gold ranked first of 8; mrr: mean reciprocal rank of the gold",
+        "groups; 6 layers)", "efficientrag-{name}/ranker-teacher", RANKER_KEYS,
+        RANKER_NOTE,
         data_note="`effrag ranker-data`: each (query, gold chunk) of the synthesised Labeler records against 7 "
                   "hybrid negatives of the same query (+ the question's own distractors)",
         unit="groups", usage="the teacher of the system's `ranker/` (`configs/ranker_distilled.yaml`); a loop reads "
@@ -51,9 +54,8 @@ MODELS = {
     "ranker_distilled": ModelSpec(
         "EfficientRAG pool ranker, distilled (the teacher's first 2 layers and head, trained at 128 sub-tokens on the "
         "teacher's groups with its scores as soft targets: a read costs a third of the teacher's)",
-        "efficientrag-{name}/ranker", ["top1", "mrr", "gold_in_top3", "rank_loss"],
-        "last checkpoint (the end of the schedule: no dev question chooses it), on dev groups from `effrag "
-        "ranker-data`; top1: a group's gold ranked first of 8; mrr: mean reciprocal rank of the gold",
+        "efficientrag-{name}/ranker", RANKER_KEYS,
+        RANKER_NOTE,
         data_note="the teacher's training groups, each candidate with the teacher's logit (`effrag ranker-teacher`)",
         unit="groups", usage="the loop ranks its pool with it (`pool_order: rank`); a system folder's `ranker/`",
         install="last"),
@@ -61,9 +63,8 @@ MODELS = {
         "EfficientRAG pool ranker, distilled further where it reads (the 2-layer student of `ranker_distilled`, one "
         "more epoch on groups made of the loop's own searches over the train questions, the teacher's scores as soft "
         "targets)",
-        "efficientrag-{name}/ranker", ["top1", "mrr", "gold_in_top3", "rank_loss"],
-        "last checkpoint (the end of the schedule: no dev question chooses it), on dev groups from `effrag "
-        "ranker-data`; top1: a group's gold ranked first of 8; mrr: mean reciprocal rank of the gold",
+        "efficientrag-{name}/ranker", RANKER_KEYS,
+        RANKER_NOTE,
         data_note="`effrag ranker-data --from-loop`: each search of the tuned system's loop (`loop.json`) over the "
                   "train questions, its top 20 hybrid hits as the ranker reads them, each scored by the teacher "
                   "(`effrag ranker-teacher`)",

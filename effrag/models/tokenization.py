@@ -71,7 +71,7 @@ def _first_positions(word_ids: list[int | None], seq_ids: list[int | None], seq:
     pos = [-1] * n_words
     prev = None
     for i, (w, s) in enumerate(zip(word_ids, seq_ids)):
-        if w is None or s != seq:
+        if w is None or s != seq or w >= n_words:  # w >= n_words: the placeholder word of an empty list
             prev = None
             continue
         if w != prev and pos[w] == -1:

@@ -165,15 +165,23 @@ def run_variant(loop, texts: list[str], gold: list[list[str]], batch: int, singl
 
 
 def measure(setup, labeler, filter_model, base_config, variants: dict[str, dict], *, batch: int = 16,
-            single: int = 8, unit_pairs: int = 256, log=print, ranker=None) -> dict:
-    """Every variant's cost and recall; the unit (plain Labeler forward per pair) timed between its batches."""
+            single: int = 8, unit_pairs: int = 256, log=print, ranker=None, prepare: bool = True) -> dict:
+    """Every variant's cost and recall; the unit (plain Labeler forward per pair) timed between its batches.
+
+    With ``prepare`` the corpus is split and tokenised first, as ``effrag eval`` and ``effrag serve`` do when they
+    open the system (:meth:`~effrag.pipelines.efficientrag.loop.EfficientRAGLoop.prepare`); its seconds are the
+    returned ``prepared``, an index-time cost beside the per-question one."""
     from effrag.pipelines.efficientrag import EfficientRAGLoop
     from effrag.tuning.efficientrag import forwards
 
     texts, rows, unit, base_ids = setup.texts, [], None, None
+    words: dict = {}  # every variant's loop shares the prepared chunks' words
+    first = EfficientRAGLoop(labeler, filter_model, setup.retriever, base_config, ranker=ranker, words=words)
+    prepared = first.prepare(setup.corpus) if prepare else {"passages": 0, "seconds": 0.0}
+    log(f"prepared {prepared['passages']} chunks in {prepared['seconds']:.1f} s")
     for name, changes in variants.items():
         cfg = base_config.replace(**changes)
-        loop = EfficientRAGLoop(labeler, filter_model, setup.retriever, cfg, ranker=ranker)
+        loop = EfficientRAGLoop(labeler, filter_model, setup.retriever, cfg, ranker=ranker, words=words)
         def between(batch_results, cfg=cfg):
             nonlocal unit
             if unit is None:  # the baseline's first batch: its pairs give the unit's sample (every k-th)
@@ -201,7 +209,7 @@ def measure(setup, labeler, filter_model, base_config, variants: dict[str, dict]
         rows.append(v)
         log(f"{name}: {v['s_per_q']:.3f} s/q, unit {1000 * v['unit_s']:.1f} ms/pair, ratio {v['ratio']:.1f}, "
             f"recall {v['recall']:.4f}, pairs/q {v['pairs_per_q']:.1f}")
-    return {"rows": rows}
+    return {"rows": rows, "prepared": prepared}
 
 
 def report(out: dict, base_recall: float) -> str:

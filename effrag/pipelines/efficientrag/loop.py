@@ -25,6 +25,7 @@ is also the public ``effrag.EfficientRAG``, is :mod:`.pipeline`.
 """
 from __future__ import annotations
 
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -53,12 +54,15 @@ class _Step:
 
 # (a question's step, its query's index, the hit, the hit's 0-based rank in that query's hits)
 _Pair = tuple[_Step, int, Any, int]
+# chunks EfficientRAGLoop.prepare splits and tokenises ahead of the questions (about 1 KB each in memory)
+PREPARED_CHUNKS = 200_000
 
 
 class EfficientRAGLoop:
     """The loop over a Labeler, a Filter and any retriever with ``search(queries, k)``."""
 
-    def __init__(self, labeler, filter_model, retriever, config: EfficientRAGConfig | None = None, ranker=None):
+    def __init__(self, labeler, filter_model, retriever, config: EfficientRAGConfig | None = None, ranker=None,
+                 words: dict[tuple[str, str], list[str]] | None = None):
         if not callable(getattr(retriever, "search", None)):
             raise TypeError(f"retriever {type(retriever).__name__} has no search(queries, k) method")
         self.labeler = labeler
@@ -66,7 +70,9 @@ class EfficientRAGLoop:
         self.retriever = retriever
         self.ranker = ranker
         self.config = config or EfficientRAGConfig()
-        self._words: dict[str, list[str]] = {}
+        # (chunk_format, chunk id) -> the chunk's words; ``words`` shares another loop's over the same corpus (a
+        # prepared one, see prepare)
+        self._words: dict[tuple[str, str], list[str]] = {} if words is None else words
         self._int8: dict[int, tuple[Any, Any]] = {}  # id(model) -> (model, its int8 copy)
         # the models of the current run (int8 copies with config.int8)
         self._lab, self._fil, self._rank = labeler, filter_model, ranker
@@ -305,14 +311,35 @@ class EfficientRAGLoop:
                 out[i] = list(h)
         return out
 
+    def prepare(self, passages: Sequence[Any] | None = None, batch_size: int = 1024) -> dict[str, float]:
+        """Split and tokenise the chunks of ``passages`` (default: the retriever's ``corpus``) before any question:
+        the index-time half of reading, so the questions' reads cost only the models (the words the Labeler labels
+        and the sub-tokens of the pair models, :mod:`effrag.models.pair_encoding`). Up to
+        :data:`PREPARED_CHUNKS` passages; without a corpus it does nothing. Returns the passages prepared and the
+        seconds it took."""
+        t0 = time.perf_counter()
+        if passages is None:
+            passages = getattr(self.retriever, "corpus", None)
+        passages = list(passages or [])[:PREPARED_CHUNKS]
+        from effrag.models.pair_encoding import pair_encoder
+
+        encoders = {id(e): e for m in (self.labeler, self.ranker) if getattr(m, "tokenizer", None) is not None
+                    for e in [pair_encoder(m.tokenizer)] if e.fast}
+        for i in range(0, len(passages), batch_size):
+            ws = self._chunk_words(passages[i: i + batch_size])
+            for e in encoders.values():
+                e.chunk_tokens(ws)
+        return {"passages": len(passages), "seconds": time.perf_counter() - t0}
+
     def _chunk_words(self, hits: list[Any]) -> list[list[str]]:
-        missing = {h.id: chunk_text(h.title, h.text, self.config.chunk_format) for h in hits if h.id not in self._words}
+        fmt = self.config.chunk_format  # part of the key: a request (or rag.config) may read chunks as text only
+        missing = {(fmt, h.id): chunk_text(h.title, h.text, fmt) for h in hits if (fmt, h.id) not in self._words}
         if missing:
-            if len(self._words) > 200_000:
+            if len(self._words) > 2 * PREPARED_CHUNKS:  # a prepared corpus plus as many chunks from elsewhere
                 self._words.clear()
-            for cid, ws in zip(missing, words_batch(list(missing.values()))):
-                self._words[cid] = ws
-        return [self._words[h.id] for h in hits]
+            for key, ws in zip(missing, words_batch(list(missing.values()))):
+                self._words[key] = [sys.intern(w) for w in ws]  # one string per distinct word, shared
+        return [self._words[(fmt, h.id)] for h in hits]
 
     def _model(self, model):
         """``model`` as this run uses it: its int8 copy (made once) with ``config.int8`` on CPU."""

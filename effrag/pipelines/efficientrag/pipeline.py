@@ -50,7 +50,8 @@ class EfficientRAGPipeline(Pipeline):
 
     def __init__(self, retriever, labeler=None, filter=None, config=None, generator=None,
                  k: int | None = None, er_config: str | None = None, er_batch_size: int | None = None,
-                 er_bf16: bool | None = None, ranker=None, model=None, dataset: str | None = None, **options: Any):
+                 er_bf16: bool | None = None, ranker=None, model=None, dataset: str | None = None,
+                 prepare: bool = True, **options: Any):
         named = ranker is not None
         labeler, filter, ranker, config = self._resolve(model, labeler, filter, ranker, config or er_config, dataset)
         # which loop config file ran (None: options given in code), for a front end to say so
@@ -63,6 +64,14 @@ class EfficientRAGPipeline(Pipeline):
         models = load_models(labeler, filter, ranker=ranker)
         self.loop = EfficientRAGLoop(models[0], models[1], as_retriever(retriever), config,
                                      ranker=models[2] if ranker is not None else None)
+        # the retriever's corpus split and tokenised once, as an index is built: each question's reads then cost only
+        # the models (EfficientRAGLoop.prepare; prepare=False leaves it to the first questions that read a chunk)
+        self.prepared = self.loop.prepare() if prepare else {"passages": 0, "seconds": 0.0}
+        if self.prepared["passages"]:
+            import logging
+
+            logging.getLogger(__name__).info("prepared %d chunks in %.1f s", self.prepared["passages"],
+                                             self.prepared["seconds"])
         self.generator = generator
         self._generators: dict[tuple, Generator] = {}
 

@@ -41,6 +41,14 @@ def words_batch(texts: list[str]) -> list[list[str]]:
     return [[t.text for t in doc if not t.is_space] for doc in _nlp().tokenizer.pipe(texts)]
 
 
+def words_of_each(texts: Sequence[str]) -> list[list[str]]:
+    """:func:`words_batch` splitting each distinct text once: a model reads one query beside many chunks, and the
+    pairs' queries repeat (equal texts share one word list; do not change it in place)."""
+    distinct = list(dict.fromkeys(texts))
+    split = dict(zip(distinct, words_batch(distinct)))
+    return [split[t] for t in texts]
+
+
 def join_words(ws: list[str]) -> str:
     """Readable text from a word list (a space between words, none before closing punctuation)."""
     out: list[str] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..text import words_batch
+from ..text import words_of_each
 from .heads import ChunkHead, EncoderWithHeads, TaggerOutput, TokenHead, predict_batches
 from .pair_encoding import pair_encoder
 from .tokenization import encode_pairs
@@ -54,7 +54,7 @@ class LabelerModel(EncoderWithHeads):
         """
         if len(queries) != len(chunks):
             raise ValueError(f"{len(queries)} queries for {len(chunks)} chunks")
-        encoded = pair_encoder(self.tokenizer).encode(words_batch(list(queries)), chunks, max_length or self.max_length)
+        encoded = pair_encoder(self.tokenizer).encode(words_of_each(queries), chunks, max_length or self.max_length)
         results: list = [None] * len(encoded)
         for i, row, out, probs in predict_batches(self, encoded, batch_size, bf16, "labeler"):
             results[i] = (float(out.tag_logits[row].float().softmax(-1)[1]), probs)

@@ -122,18 +122,19 @@ class PairEncoder:
     def _queries(self, queries: list[list[str]], budget: int) -> list[list[int]]:
         """Each query's sub-tokens, cut after the last whole word that fits ``budget`` (as ``fit_queries``); an
         empty query reads as ``?``."""
-        safe = [q if q else ["?"] for q in queries]
-        enc = self.tokenizer(safe, is_split_into_words=True, add_special_tokens=False)
-        out = []
-        for i, q in enumerate(queries):
+        distinct = list(dict.fromkeys(tuple(q) for q in queries))  # a query is read beside many chunks: once
+        enc = self.tokenizer([list(q) if q else ["?"] for q in distinct], is_split_into_words=True,
+                             add_special_tokens=False)
+        fitted = {}
+        for i, q in enumerate(distinct):
             ids, wids = enc["input_ids"][i], enc.word_ids(i)
             if q and len(ids) > budget:
                 first = wids[budget]  # the first word that does not fit entirely; every earlier word does
                 cut = next(t for t, w in enumerate(wids) if w == first)
                 ids = ids[:cut] if cut else self.tokenizer(["?"], is_split_into_words=True,
                                                            add_special_tokens=False)["input_ids"]
-            out.append(list(ids))
-        return out
+            fitted[q] = list(ids)
+        return [fitted[tuple(q)] for q in queries]
 
     def _encode(self, queries, chunks, max_length: int, max_query_fraction: float, cache: bool = True):
         if len(queries) != len(chunks):

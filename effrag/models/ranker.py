@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from transformers.utils import ModelOutput
 
-from ..text import words_batch
+from ..text import words_of_each
 from .heads import DEFAULT_OPTIONS, ChunkHead, EncoderWithHeads, forward_batches
 from .pair_encoding import pair_encoder
 from .tokenization import IGNORE, encode_pairs
@@ -107,7 +107,7 @@ class RankerModel(EncoderWithHeads):
         """The relevance logit of each (query, chunk word list) pair."""
         if len(queries) != len(chunks):
             raise ValueError(f"{len(queries)} queries for {len(chunks)} chunks")
-        encoded = pair_encoder(self.tokenizer).encode(words_batch(list(queries)), chunks, max_length or self.max_length)
+        encoded = pair_encoder(self.tokenizer).encode(words_of_each(queries), chunks, max_length or self.max_length)
         feats = [{k: v for k, v in e.features().items() if k != "labels"} for e in encoded]
         scores: list[float] = [0.0] * len(encoded)
         for idx, out in forward_batches(self, feats, batch_size, bf16):

@@ -184,6 +184,11 @@ def test_loop_cost_measures_a_tiny_setup(models, retriever, corpus, hotpot):
     assert b["pairs_per_q"] > 0 and b["unit_s"] > 0 and b["ratio"] > 0 and 0 <= b["recall"] <= 1
     assert b["plain_all_s_per_q"] > 0 and set(b["stages"]) == {"retrieval", "labeler", "filter", "other"}
     assert "| baseline |" in bench.report(out, b["recall"])
+    assert out["prepared"]["passages"] == len(corpus) and out["prepared"]["seconds"] > 0  # split before the questions
+    unprepared = bench.measure(setup, lab, fil, base, {"baseline": {}}, batch=2, single=1, unit_pairs=8,
+                               log=lambda m: None, prepare=False)
+    assert unprepared["prepared"]["passages"] == 0
+    assert unprepared["rows"][0]["recall"] == b["recall"]
 
 
 def test_a_gpu_run_warms_up_on_a_whole_batch(models, retriever):

@@ -1,0 +1,98 @@
+#!/usr/bin/env python
+"""The cost Pareto table of issue #45: each cost point measured in seconds beside its cross-fitted recall.
+
+Joins ``scripts/bench_loop_cost.py`` runs (their ``report.json``: each variant's reads per question by model, seconds
+per question and pair-forward equivalents, *pfe*) with ``scripts/efficientrag_report.py``'s cross-fitted recall of the
+same cost point (``crossfit.json``'s ``pareto``: recall at 5 / 7 / 10 chunks within the point, its other options
+chosen on the other folds) and the strongest Direct-R's recall at 20 and 30 on the same questions. A variant is
+matched by the options that decide what the loop reads (:data:`effrag.tuning.loop_cost.COST_OPTIONS`) and the ranker
+folder its dataset's shipped config reads with; one the tuning never tried is listed without recall.
+
+    python scripts/loop_cost_pareto.py --bench reports/efficientrag/loop-cost/cpu-v3-pareto-* \\
+      --crossfit reports/efficientrag/crossfit/crossfit.json --output reports/efficientrag/loop-cost/pareto.md
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+POINT_OPTIONS = ("first_hop_k", "hop_k", "labeler_top", "max_hops", "rescore_top", "ranker_max_length",
+                 "labeler_max_length")
+
+
+def point_of(config: dict, ranker: str, ranker_length: int | None) -> dict:
+    """A config's cost point as the tuning's cost curve names it; a ranker cut at its own trained length is no cut."""
+    out = {k: config[k] for k in POINT_OPTIONS if config.get(k) is not None}
+    if out.get("ranker_max_length") is not None and out["ranker_max_length"] == ranker_length:
+        del out["ranker_max_length"]
+    return {**out, "ranker": ranker}
+
+
+def shipped_ranker(model: str, dataset: str) -> tuple[str, int | None]:
+    """The ranker folder name a system's ``loop-<dataset>.json`` reads with, and its trained input length."""
+    from effrag.pipelines.efficientrag.system import open_system
+
+    system = open_system(model, dataset=dataset)
+    if system.ranker is None:
+        return "ranker", None
+    meta = json.loads((Path(system.ranker) / "effrag_config.json").read_text())
+    return Path(system.ranker).name, meta.get("max_length")
+
+
+def rows_of(bench: Path, curve: list[dict], bars: dict, model: str) -> list[list[str]]:
+    report = json.loads((bench / "report.json").read_text(encoding="utf-8"))
+    setup = report["setup"]
+    dataset = setup["dataset"]
+    ranker, length = shipped_ranker(model, dataset)
+    prepared = "prepared" if (setup.get("prepared") or {}).get("passages") else "unprepared"
+    out = []
+    for r in report["rows"]:
+        point = point_of({**setup["base_config"], **r["changes"]}, ranker, length)
+        match = next((c for c in curve if {k: v for k, v in c["point"].items()} == point), None)
+        rec = (["-"] * 3 if match is None else [f"{100 * match['recall'][str(b)]:.1f}" for b in (5, 7, 10)])
+        keeps = ["-"] * 2 if match is None else \
+            ["yes" if match["recall"][str(b)] >= bars[t] else "no" for b, t in ((7, 20), (10, 30))]
+        out.append([dataset, r["name"] + ("" if r["name"] != "shipped" else " **(ships)**"), ranker,
+                    ", ".join(f"{k} {v}" for k, v in point.items() if k != "ranker"), prepared,
+                    " / ".join(f"{x:.1f}" for x in r["read_per_q"]), f"{r['s_per_q']:.3f}",
+                    f"{1000 * r['unit_s']:.1f}", f"{r['ratio']:.1f}", *rec, *keeps,
+                    f"{bench.name} ({report.get('commit', '?')})"])
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bench", nargs="+", type=Path, required=True, help="bench_loop_cost.py output folders")
+    p.add_argument("--crossfit", type=Path, default=Path("reports/efficientrag/crossfit/crossfit.json"))
+    p.add_argument("--model", default="efficientrag-all")
+    p.add_argument("--output", type=Path, required=True)
+    args = p.parse_args(argv)
+    cf = json.loads(args.crossfit.read_text(encoding="utf-8"))
+    rows = []
+    for bench in args.bench:
+        if not (bench / "report.json").is_file():
+            raise SystemExit(f"{bench}: no report.json (a scripts/bench_loop_cost.py output folder?)")
+        dataset = json.loads((bench / "report.json").read_text())["setup"]["dataset"]
+        direct = cf["direct_r"][dataset]
+        bars = {t: max(direct[kind][str(t)] for kind in direct) for t in (20, 30)}
+        rows += rows_of(bench, cf["pareto"][dataset], bars, args.model)
+    from effrag.evaluation.report import md_table
+
+    head = ["dataset", "variant", "ranker", "cost point", "corpus", "read/q (Labeler / ranker / Filter)", "s/q",
+            "unit ms/pair", "pfe", "R@5", "R@7", "R@10", "@7 >= strongest @20", "@10 >= strongest @30", "bench"]
+    text = (f"Cross-fitted recall from `{args.crossfit.as_posix()}` (5 folds; the choosing questions never score "
+            "their own pick); seconds, reads and *pfe* (the loop's seconds per question over one plain MiniLM-L6 pair "
+            "forward in the same run; target <= 12) from each bench folder, named in the last column with its "
+            "commit. `-`: a cost point the tuning did not try. Command: `python scripts/loop_cost_pareto.py "
+            + " ".join(sys.argv[1:] if argv is None else argv) + "`.\n\n"
+            + md_table(head, rows, "lllllrrrrrrrlll"))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

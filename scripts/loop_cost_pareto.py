@@ -50,7 +50,7 @@ def rows_of(bench: Path, curve: list[dict], bars: dict, model: str) -> list[list
     out = []
     for r in report["rows"]:
         point = point_of({**setup["base_config"], **r["changes"]}, ranker, length)
-        match = next((c for c in curve if {k: v for k, v in c["point"].items()} == point), None)
+        match = next((c for c in curve if {"ranker": "ranker", **c["point"]} == point), None)  # own ranker: unnamed
         rec = (["-"] * 3 if match is None else [f"{100 * match['recall'][str(b)]:.1f}" for b in (5, 7, 10)])
         keeps = ["-"] * 2 if match is None else \
             ["yes" if match["recall"][str(b)] >= bars[t] else "no" for b, t in ((7, 20), (10, 30))]

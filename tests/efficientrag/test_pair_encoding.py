@@ -110,3 +110,16 @@ def test_a_chunk_read_as_text_only_gets_its_text_words_after_a_title_reading(mod
     c = text_only[0].chunks[0]
     assert c.kept_words == words(c.text)  # every word kept: exactly the text's
     assert titled[0].chunks[0].kept_words == words(chunk_text(c.title, c.text))
+
+
+def test_a_corpus_over_the_cap_is_left_to_the_questions(models, retriever, questions, monkeypatch):
+    """Which part of a corpus larger than PREPARED_CHUNKS the questions read is unknown: nothing is prepared, and
+    passages given explicitly are prepared up to the cap."""
+    import effrag.pipelines.efficientrag.loop as loop_module
+
+    monkeypatch.setattr(loop_module, "PREPARED_CHUNKS", len(retriever.corpus) - 1)
+    lab, fil = fixed_heads(models, tag=+20)
+    loop = EfficientRAGLoop(lab, fil, retriever, EfficientRAGConfig(hop_k=3, max_hops=1))
+    assert loop.prepare()["passages"] == 0
+    assert loop.prepare(list(retriever.corpus))["passages"] == len(retriever.corpus) - 1
+    assert loop.run(questions[:1])[0].chunks

@@ -315,11 +315,13 @@ class EfficientRAGLoop:
         """Split and tokenise the chunks of ``passages`` (default: the retriever's ``corpus``) before any question:
         the index-time half of reading, so the questions' reads cost only the models (the words the Labeler labels
         and the sub-tokens of the pair models, :mod:`effrag.models.pair_encoding`). Up to
-        :data:`PREPARED_CHUNKS` passages; without a corpus it does nothing. Returns the passages prepared and the
-        seconds it took."""
+        :data:`PREPARED_CHUNKS` passages (a retriever's corpus larger than that is left to the questions); without a
+        corpus it does nothing. Returns the passages prepared and the seconds it took."""
         t0 = time.perf_counter()
         if passages is None:
             passages = getattr(self.retriever, "corpus", None)
+            if passages is not None and len(passages) > PREPARED_CHUNKS:  # which part would be read is unknown:
+                passages = None  # each chunk is split when a question first reads it, as without prepare
         passages = list(passages or [])[:PREPARED_CHUNKS]
         from effrag.models.pair_encoding import pair_encoder
 

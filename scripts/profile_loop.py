@@ -1,7 +1,8 @@
 """Where the EfficientRAG loop's time goes: ``cProfile`` of the shipped system over dev questions, by kind of work.
 
-The shipped system by name (``--model``, its ``loop-<dataset>.json`` and retriever, as ``effrag eval`` runs it), one
-warm-up batch, then ``--limit`` questions in batches of ``--batch``. Writes ``OUTPUT/profile.md``: the share of the
+The shipped system by name (``--model``, its ``loop-<dataset>.json`` and retriever, as ``effrag eval`` runs it: the
+corpus prepared first, ``EfficientRAGLoop.prepare``), one warm-up batch, then ``--limit`` questions in batches of
+``--batch``. Writes ``OUTPUT/profile.md``: the share of the
 profiled time in torch's kernels (linear, attention, GELU, layer norm, embedding), the Rust tokenizer, spaCy's word
 splitting and the rest, and the 25 functions of most own time. Profiling adds overhead to Python-heavy parts, so
 the shares bound them from above.
@@ -53,6 +54,7 @@ def main(argv=None) -> int:
                            bf16=True, limit=args.limit + args.batch)
     labeler, filter_model, ranker = load_models(system.labeler, system.filter, "cpu", ranker=system.ranker)
     loop = EfficientRAGLoop(labeler, filter_model, setup.retriever, build_config(system.config), ranker=ranker)
+    loop.prepare()  # the corpus split and tokenised before the questions, as effrag eval and serve do
     texts = setup.texts
     loop.run(texts[: args.batch])  # warm-up: first-call allocations and lazy loads
     prof = cProfile.Profile()

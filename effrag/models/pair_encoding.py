@@ -84,7 +84,7 @@ class PairEncoder:
 
     def chunk_tokens(self, chunks: Sequence[Sequence[str]], cache: bool = True) -> list[tuple[array, array]]:
         """``(ids, first sub-token of each word)`` of each chunk word list, tokenised once while cached."""
-        keys = [tuple(c) for c in chunks]
+        keys = [tuple(c) for c in chunks]  # a tuple is its own key (the loop's words are tuples): held once
         if not cache:
             return self._tokenize([list(k) for k in keys])
         with self._lock:

@@ -7,11 +7,11 @@ chunk's word list is tokenised once (per tokenizer, shared by the models that ha
 spliced from the query's and the chunk's sub-tokens: with ``is_split_into_words`` a WordPiece tokenizer splits
 every word on its own, so the splice is the tokenizer's own output. :class:`PairEncoder` checks the tokenizer's pair
 template on construction and falls back to :func:`~.tokenization.encode_pairs` where it is not
-``[CLS] A [SEP] B [SEP]`` or where a probe does not come out identical; ``tests/models/test_pair_encoding.py`` holds
-the two equal on real chunks, truncation and odd words.
+``[CLS] A [SEP] B [SEP]`` or where a probe does not come out identical; ``tests/efficientrag/test_pair_encoding.py``
+holds the two equal on real chunks, truncation and odd words.
 
-:meth:`PairEncoder.prepare` tokenises a corpus's chunks ahead of the questions (the loop's
-:meth:`~effrag.pipelines.efficientrag.loop.EfficientRAGLoop.prepare`): the reads then cost only the model.
+The loop's :meth:`~effrag.pipelines.efficientrag.loop.EfficientRAGLoop.prepare` fills the cache with a corpus's chunks
+ahead of the questions (:meth:`PairEncoder.chunk_tokens`): the reads then cost only the model.
 """
 from __future__ import annotations
 
@@ -100,12 +100,6 @@ class PairEncoder:
                 while len(self._chunks) > self.capacity:
                     self._chunks.popitem(last=False)
         return [found[k] for k in keys]
-
-    def prepare(self, chunks: Sequence[Sequence[str]], batch_size: int = 1024) -> int:
-        """Tokenise ``chunks`` ahead of the questions (up to the cache's capacity). Returns how many are cached."""
-        for i in range(0, min(len(chunks), self.capacity), batch_size):
-            self.chunk_tokens(chunks[i: i + batch_size])
-        return len(self._chunks)
 
     def __len__(self) -> int:
         return len(self._chunks)

@@ -321,7 +321,7 @@ class EfficientRAGLoop:
         t0 = time.perf_counter()
         if passages is None:
             passages = getattr(self.retriever, "corpus", None)
-            if passages is not None and len(passages) > PREPARED_CHUNKS:  # which part would be read is unknown:
+            if not hasattr(passages, "__len__") or len(passages) > PREPARED_CHUNKS:  # which part is read is unknown:
                 passages = None  # each chunk is split when a question first reads it, as without prepare
         passages = list(passages or [])[:PREPARED_CHUNKS]
         from effrag.models.pair_encoding import pair_encoder

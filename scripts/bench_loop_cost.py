@@ -49,6 +49,8 @@ VARIANTS = {
     "ranker128": {"ranker_max_length": 128},
     "labeler128": {"labeler_max_length": 128},
     "int8": {"int8": True},
+    "label-last-hop": {"label_last_hop": True},  # the Labeler reads the last hop too (the configs before 2026-11-28)
+    "skip-last-labels": {"label_last_hop": False},
     "batch64": {"batch_size": 64},
 }
 

@@ -120,11 +120,11 @@ def test_every_loop_option_is_one_field_with_a_flag_and_a_docs_row(capsys):
     assert all(f.dest in dests for f in flags.values())
     args = p.parse_args(["--link-weight", "3", "--backlink-weight", "1.5", "--link-top", "4", "--chunk-format", "text",
                          "--filter-max-length", "64", "--pool-order", "rank", "--prune-last-hop", "--er-batch-size",
-                         "8"])
+                         "8", "--pool-source", "seen", "--no-label-last-hop"])
     opts = {k: v for k, v in method_options(args).items() if v is not None}
     cfg = EfficientRAGPipeline._config(None, None, opts.pop("er_batch_size"), opts.pop("er_bf16", None), **opts)
     assert (cfg.link_weight, cfg.backlink_weight, cfg.link_top, cfg.chunk_format, cfg.filter_max_length,
-            cfg.prune_last_hop, cfg.batch_size) == (3.0, 1.5, 4, "text", 64, True, 8)
+            cfg.prune_last_hop, cfg.batch_size, cfg.label_last_hop) == (3.0, 1.5, 4, "text", 64, True, 8, False)
     with pytest.raises(SystemExit):
         p.parse_args(["--chunk-format", "html"])  # the rule's choices are the flag's
     assert "html" in capsys.readouterr().err

@@ -158,6 +158,38 @@ def test_labeler_top_needs_a_ranker_and_results_do_not_depend_on_batch_mates(mod
         assert [c.rank_score for c in a] == pytest.approx([c.rank_score for c in b], abs=1e-4)
 
 
+@pytest.mark.parametrize("extra", [{}, {"labeler_top": 2, "rescore_top": 3, "requery_weight": 1.0, "link_weight": 3.0,
+                                       "backlink_weight": 3.0, "rank_query": "info", "max_candidates": 6}])
+def test_label_last_hop_false_skips_the_last_hops_labeler_and_keeps_every_result(models, retriever, hotpot, extra):
+    qs = [q.question for q in hotpot[:4]]
+    full, n_full = _loop(models, retriever, max_hops=3, **extra)
+    lean, n_lean = _loop(models, retriever, max_hops=3, label_last_hop=False, **extra)
+    res_full, res_lean = full.run(qs), lean.run(qs)
+    # the same chunks in the same order, with the same ranker scores: the last hop's tags order nothing
+    assert [r.ids for r in res_lean] == [r.ids for r in res_full]
+    assert [[c.rank_score for c in r] for r in res_lean] == [[c.rank_score for c in r] for r in res_full]
+    assert n_lean["ranker"].pairs == n_full["ranker"].pairs
+    last = [r.hops[-1] for r in res_lean if len(r.hops) == 3]
+    assert last, "no question reached the last hop"
+    skipped = sum(c["p_continue"] is not None for e in (r.hops[-1] for r in res_full if len(r.hops) == 3)
+                  for c in e["chunks"])
+    assert skipped and n_lean["labeler"].pairs == n_full["labeler"].pairs - skipped
+    for e in last:
+        assert e["chunks"] and all(c["p_continue"] is None and c["tag"] is None and c["kept"] == "" for c in e["chunks"])
+        assert e["stop"] == "max_hops" and e["next_queries"] == []
+    for a, b in zip(res_full, res_lean):  # the hops before the last are read as before
+        assert b.hops[:2] == a.hops[:2]
+
+
+def test_label_last_hop_false_needs_a_ranker_and_the_rank_order_over_every_seen_chunk(models, retriever):
+    loop, _ = _loop(models, retriever, ranker=False, label_last_hop=False)
+    with pytest.raises(ValueError, match="label_last_hop false needs a pool ranker"):
+        loop.run(["q"])
+    for bad in ({"pool_order": "fused"}, {"pool_source": "continue"}):
+        with pytest.raises(ValueError, match="needs pool_order rank and pool_source seen"):
+            EfficientRAGConfig(pool_order="rank", pool_source="seen", label_last_hop=False).replace(**bad)
+
+
 def test_pipeline_and_eval_flags_take_a_ranker(tiny_efficientrag_dirs, retriever, hotpot, tmp_path):
     from effrag.pipelines import build_pipeline
 

@@ -27,7 +27,7 @@ POOL_OPTIONS = frozenset({"pool_order", "pool_source", "retrieval_weight", "requ
 _ADDED_DEFAULTS = {"int8": False, "stop_at_pool": None, "prune_last_hop": False, "requery_weight": 0.0,
                    "relabel_weight": 0.0, "query_chunks": None, "labeler_top": None, "rescore_top": 0,
                    "rank_query": "query", "link_weight": 0.0, "backlink_weight": 0.0, "link_top": 5,
-                   "ranker_max_length": None}
+                   "ranker_max_length": None, "label_last_hop": True}
 
 
 @dataclass(frozen=True)
@@ -159,6 +159,11 @@ class EfficientRAGConfig:
     Filter's output), or ``info``, the Filter's input ``"<query> Info: <kept words>"``: the words the Labeler kept
     from the chunk that led here, before the Filter dropped any (it drops the bridge entity about half of the
     time on MuSiQue dev); the retriever still searches with the Filter's output.
+    ``label_last_hop`` (default true): false skips the Labeler at the last hop. There its tags and kept words feed no
+    further query, and with a ranker, ``pool_order: rank`` and ``pool_source: seen`` they do not order the pool
+    either, so the results keep exactly their chunks and order (only the last hop's chunks carry no tag or kept
+    words: a ``kept_words`` reader context gives them whole). Any other pool options would read those tags: the
+    config refuses them.
     ``link_weight`` and ``backlink_weight`` (default 0: off; ``pool_order: rank`` only) add a bonus to a chunk
     whose title the text of one of the ``link_top`` (default 5) best chunks names, or whose text names one of
     their titles: the bridge paragraph is the entity the first paragraph names (:mod:`.pool`).
@@ -234,6 +239,8 @@ class EfficientRAGConfig:
     backlink_weight: float = option(0.0, Rule(float, min=0), "rank order: bonus of a chunk whose text names the title "
                                     "of one of the link_top best chunks (default 0: off)")
     link_top: int = option(5, Rule(int, min=1), "the best chunks whose links the link bonuses follow (default 5)")
+    label_last_hop: bool = option(True, Rule(bool), "false: no Labeler reads at the last hop, where with a ranker, "
+                                  "pool_order rank and pool_source seen they change no result (default true)")
 
     def __post_init__(self) -> None:
         for f in fields(self):  # type, range, allowed values: RULES
@@ -246,6 +253,10 @@ class EfficientRAGConfig:
         for name in ("link_weight", "backlink_weight"):
             if getattr(self, name) and self.pool_order != "rank":
                 raise ValueError(f"EfficientRAGConfig.{name} needs pool_order rank, got {self.pool_order!r}")
+        if not self.label_last_hop and (self.pool_order, self.pool_source) != ("rank", "seen"):
+            raise ValueError("EfficientRAGConfig.label_last_hop false needs pool_order rank and pool_source seen "
+                             f"(the last hop's tags order any other pool), got {self.pool_order!r} and "
+                             f"{self.pool_source!r}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EfficientRAGConfig":

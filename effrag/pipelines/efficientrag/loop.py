@@ -102,6 +102,9 @@ class EfficientRAGLoop:
         cfg = self.config
         if cfg.labeler_top is not None and self.ranker is None:
             raise ValueError("EfficientRAGConfig.labeler_top needs a pool ranker (ranker=...)")
+        if not cfg.label_last_hop and self.ranker is None:
+            raise ValueError("EfficientRAGConfig.label_last_hop false needs a pool ranker (ranker=...): without one "
+                             "the last hop's tags order the pool")
         states = [LoopState(question=q, queries=[q]) for q in questions]
         self._lab, self._fil = self._model(self.labeler), self._model(self.filter)
         self._rank = self._model(self.ranker) if self.ranker is not None else None
@@ -208,7 +211,7 @@ class EfficientRAGLoop:
         order only); each read pair joins the pool (<Continue>) or is rejected. Returns the items the Labeler's
         time is shared by (pairs + re-reads) and its time."""
         cfg = self.config
-        read = self._labeler_reads(pairs, rank_scores)
+        read = self._labeler_reads(hop, pairs, rank_scores)
         relabel = [(w, qi, c) for w in steps for qi in range(len(w.state.queries))
                    for c in w.state.pool + w.state.rejected] if hop and cfg.relabel_weight else []
         for w, _, _ in relabel:
@@ -282,10 +285,10 @@ class EfficientRAGLoop:
 
     def _record(self, hop: int, w: _Step, t_ret: float, t_lab: float, t_fil: float, t_rest: float) -> None:
         """Step 5: the hop's trace record (and why this question stops, if it does), its timing, its next queries."""
-        s = w.state
-        if not w.cont:
+        s, last = w.state, hop + 1 >= self.config.max_hops
+        if not w.cont and not (last and w.n_pairs and not self.config.label_last_hop):  # not tagged: max_hops
             w.entry["stop"] = "no_continue" if w.n_pairs else "no_new_chunks"
-        elif hop + 1 >= self.config.max_hops:
+        elif last:
             w.entry["stop"] = "max_hops"
         elif self._pool_full(s):
             w.entry["stop"] = "pool_full"
@@ -383,10 +386,13 @@ class EfficientRAGLoop:
         need = k * (qi + 1) + len(st.seen)  # earlier queries of this hop may take up to k each
         return -(-need // k) * k  # round up to a multiple of k: fewer distinct retriever calls
 
-    def _labeler_reads(self, pairs: list[_Pair], rank_scores: list[float | None]) -> list[bool]:
+    def _labeler_reads(self, hop: int, pairs: list[_Pair], rank_scores: list[float | None]) -> list[bool]:
         """Which new pairs of the hop the Labeler reads: all, or with ``labeler_top`` each question's
-        ``labeler_top`` best by the ranker (ties: the retriever's order)."""
+        ``labeler_top`` best by the ranker (ties: the retriever's order); none at the last hop without
+        ``label_last_hop``."""
         top = self.config.labeler_top
+        if hop + 1 >= self.config.max_hops and not self.config.label_last_hop:
+            return [False] * len(pairs)  # nothing reads the last hop's tags (config.label_last_hop)
         if top is None:
             return [True] * len(pairs)
         by_question: dict[int, list[int]] = defaultdict(list)

@@ -13,6 +13,7 @@ itself is :mod:`.loop`.
 """
 from __future__ import annotations
 
+import argparse
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Sequence
@@ -206,8 +207,8 @@ class EfficientRAGPipeline(Pipeline):
         g.add_argument("--ranker", metavar="DIR", help="trained pool ranker checkpoint directory (pool_order rank)")
         g.add_argument("--er-config", metavar="JSON", help="loop config file (e.g. a system's loop-<dataset>.json)")
         for f in cli_flags():  # every loop option, read off its field (config.option)
-            if f.rule.type is bool:
-                g.add_argument(f.flag, dest=f.dest, action="store_true", default=None, help=f.help)
+            if f.rule.type is bool:  # --flag / --no-flag: a default-true option can be turned off too
+                g.add_argument(f.flag, dest=f.dest, action=argparse.BooleanOptionalAction, default=None, help=f.help)
             else:
                 g.add_argument(f.flag, dest=f.dest, type=f.rule.type, default=None, choices=f.rule.choices,
                                help=f.help)

@@ -54,8 +54,10 @@ def rows_of(bench: Path, curve: list[dict], bars: dict, model: str) -> list[list
         rec = (["-"] * 3 if match is None else [f"{100 * match['recall'][str(b)]:.1f}" for b in (5, 7, 10)])
         keeps = ["-"] * 2 if match is None else \
             ["yes" if match["recall"][str(b)] >= bars[t] else "no" for b, t in ((7, 20), (10, 30))]
+        # the last hop read by the Labeler or not: the same pools (config.label_last_hop), so the same recall
+        labels = "" if {**setup["base_config"], **r["changes"]}.get("label_last_hop", True) else ", no last-hop labels"
         out.append([dataset, r["name"] + ("" if r["name"] != "shipped" else " **(ships)**"), ranker,
-                    ", ".join(f"{k} {v}" for k, v in point.items() if k != "ranker"), prepared,
+                    ", ".join(f"{k} {v}" for k, v in point.items() if k != "ranker") + labels, prepared,
                     " / ".join(f"{x:.1f}" for x in r["read_per_q"]), f"{r['s_per_q']:.3f}",
                     f"{1000 * r['unit_s']:.1f}", f"{r['ratio']:.1f}", *rec, *keeps,
                     f"{bench.name} ({report.get('commit', '?')})"])

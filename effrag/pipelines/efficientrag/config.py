@@ -256,7 +256,7 @@ class EfficientRAGConfig:
         if not self.label_last_hop and (self.pool_order, self.pool_source) != ("rank", "seen"):
             raise ValueError("EfficientRAGConfig.label_last_hop false needs pool_order rank and pool_source seen "
                              f"(the last hop's tags order any other pool), got {self.pool_order!r} and "
-                             f"{self.pool_source!r}")
+                             f"{self.pool_source!r}: set label_last_hop true (--label-last-hop) with them")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EfficientRAGConfig":

@@ -45,7 +45,7 @@ def _loop_file(tmp_path, content) -> Path:
     return tmp_path / "loop.json"
 
 
-def _system_without_ranker(tmp_path) -> Path:
+def _system_without_ranker(tmp_path, config: dict | None = None) -> Path:
     """A system folder whose loop.json orders the pool by a ranker it does not have."""
     import shutil
 
@@ -55,7 +55,7 @@ def _system_without_ranker(tmp_path) -> Path:
     system = tmp_path / "system"
     for name in ("labeler", "filter"):
         shutil.copytree(dirs[name], system / name)
-    _loop_file(system, {"config": {"pool_order": "rank", "labeler_top": 2, "hop_k": 3, "max_hops": 2},
+    _loop_file(system, {"config": config or {"pool_order": "rank", "labeler_top": 2, "hop_k": 3, "max_hops": 2},
                         "retriever": "bm25"})
     return system
 
@@ -103,6 +103,10 @@ def start_up_cases(tmp_path) -> dict:
         # issue #46, 3: these reported ready, then failed every request
         "system without its ranker": lambda: ({"retriever": {"sample": ["hotpotqa"], "kind": "bm25"}, "method": {
             "name": "efficientrag", "model": str(_system_without_ranker(tmp_path))}}, [], "ranker"),
+        "system without its ranker, last hop unlabelled": lambda: ({"retriever": {"sample": ["hotpotqa"], "kind": "bm25"},
+            "method": {"name": "efficientrag", "model": str(_system_without_ranker(tmp_path, {
+                "pool_order": "rank", "pool_source": "seen", "label_last_hop": False, "hop_k": 3, "max_hops": 2}))}},
+            [], "label_last_hop false needs a pool ranker"),
         "dense encoder that cannot load": lambda: (
             {"retriever": {"index": str(_dense_index_with_a_damaged_encoder(tmp_path))}}, [],
             "encoder/model.safetensors: the encoder's weights differ"),
@@ -113,6 +117,7 @@ def start_up_cases(tmp_path) -> dict:
 
 @pytest.mark.parametrize("case", ["sample typo", "sample escape", "bad index", "bad checkpoint",
                                   "loop option wrong type", "loop file out of range", "system without its ranker",
+                                  "system without its ranker, last hop unlabelled",
                                   "dense encoder that cannot load", "port 99999", "bad host", "port in use"])
 def test_start_up_errors_are_one_line(tmp_path, case):
     if case == "port in use":

@@ -258,6 +258,13 @@ class EfficientRAGConfig:
                              f"(the last hop's tags order any other pool), got {self.pool_order!r} and "
                              f"{self.pool_source!r}: set label_last_hop true (--label-last-hop) with them")
 
+    def needs_ranker(self) -> str | None:
+        """The option that needs a pool ranker (``labeler_top``, or ``label_last_hop`` false), or None: the one check
+        behind the loop's and the front ends' refusals."""
+        if self.labeler_top is not None:
+            return "labeler_top"
+        return None if self.label_last_hop else "label_last_hop false"
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EfficientRAGConfig":
         known = {f.name for f in fields(cls)}

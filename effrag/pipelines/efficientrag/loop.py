@@ -100,11 +100,8 @@ class EfficientRAGLoop:
             if not isinstance(q, str) or not q.strip():
                 raise ValueError(f"question {i} is empty or not a string: {q!r}")
         cfg = self.config
-        if cfg.labeler_top is not None and self.ranker is None:
-            raise ValueError("EfficientRAGConfig.labeler_top needs a pool ranker (ranker=...)")
-        if not cfg.label_last_hop and self.ranker is None:
-            raise ValueError("EfficientRAGConfig.label_last_hop false needs a pool ranker (ranker=...): without one "
-                             "the last hop's tags order the pool")
+        if cfg.needs_ranker() and self.ranker is None:
+            raise ValueError(f"EfficientRAGConfig.{cfg.needs_ranker()} needs a pool ranker (ranker=...)")
         states = [LoopState(question=q, queries=[q]) for q in questions]
         self._lab, self._fil = self._model(self.labeler), self._model(self.filter)
         self._rank = self._model(self.ranker) if self.ranker is not None else None

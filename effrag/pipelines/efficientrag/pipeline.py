@@ -154,8 +154,7 @@ class EfficientRAGPipeline(Pipeline):
     def check_options(cls, labeler=None, filter=None, config=None, k=None, er_config=None, er_batch_size=None,
                       er_bf16=None, ranker=None, model=None, dataset=None, **options: Any) -> None:
         _, _, ranker, config = cls._resolve(model, labeler, filter, ranker, config or er_config, dataset)
-        cfg = cls._config(config, k, er_batch_size, er_bf16, **options)
-        needs = "labeler_top" if cfg.labeler_top is not None else None if cfg.label_last_hop else "label_last_hop false"
+        needs = cls._config(config, k, er_batch_size, er_bf16, **options).needs_ranker()
         if needs and ranker is None:
             raise ValueError(f"{needs} needs a pool ranker (--ranker DIR, or a system folder with ranker/)")
 

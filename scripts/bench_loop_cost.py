@@ -146,6 +146,10 @@ def main(argv=None) -> int:
          "setup": {**setup.identity(), "n": len(setup.texts), "batch": args.batch, "single": args.single,
                    "unit_pairs": args.unit_pairs, "threads": torch.get_num_threads(), "device": device_name,
                    "setup_s": setup_s, "prepared": out["prepared"],
+                   # the ranker folder the loop read with and its trained length (the Pareto table's match)
+                   "ranker": Path(ranker_dir).name if ranker_dir is not None else None,
+                   "ranker_length": (json.loads((Path(ranker_dir) / "effrag_config.json").read_text()).get("max_length")
+                                     if ranker_dir is not None else None),
                    "base_config": base.to_json()},
          "rows": rows}), indent=2, default=str))
     print(table)

@@ -207,14 +207,16 @@ def ranker_factor_for(setup: dict, system: Path | None, name: str, parser) -> fl
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p  # --tune, --evidence or both (a report's evidence with new rows added: another ranker's tuning)
     src.add_argument("--tune", nargs="+", metavar="DATASET=DIR[@RANKER]",
                      help="tuning folders (scripts/tune_efficientrag.py); DIR@RANKER tags its rows with the system's "
                           "ranker folder they were tuned with (e.g. @ranker-teacher), and a dataset may be given "
                           "several folders, one per ranker: the rule then chooses among all their configs, each "
                           "read costed by its own ranker")
     src.add_argument("--evidence", type=Path, metavar="DIR", help="a report's evidence/ folder (<dataset>.json.gz): "
-                     "every table rebuilt from it alone, no data folder or tuning run needed")
+                     "every table rebuilt from it alone, no data folder or tuning run needed; with --tune, their rows "
+                     "are added to its own (the Direct-R baselines stay the evidence's) and the merged evidence is "
+                     "written")
     p.add_argument("--data", type=Path, default=Path("../shared/data"), help="<dataset>/{train,dev}.jsonl")
     p.add_argument("--system", type=Path, help="write loop-<dataset>.json and loop.json into this system folder")
     p.add_argument("--output", required=True, type=Path)
@@ -237,6 +239,8 @@ def main(argv=None) -> int:
                         "pool bonuses) within one standard error of the best (issue #48's noise-resistant rule)")
     p.add_argument("--keep-sample", action="store_true", help="let the bundled sample's dev questions choose too")
     args = p.parse_args(argv)
+    if not args.tune and not args.evidence:
+        p.error("give --tune, --evidence or both")
     try:
         targets = {int(b): int(d) for b, _, d in (t.partition("=") for t in args.targets)}
     except ValueError:
@@ -266,6 +270,9 @@ def main(argv=None) -> int:
             rows = [{**r, "config": {**r["config"], "ranker": ranker}, "setup": {**r["setup"], "ranker": ranker}}
                     for r in rows]
         tagged.setdefault(ds, {})[ranker or "ranker"] = factor
+        if ds in evidence and any(r["config"].get("ranker", "ranker") == (ranker or "ranker")
+                                  for r in evidence[ds]["rows"]):
+            p.error(f"--tune {item!r}: the evidence already holds {ds}'s rows read with {ranker or 'ranker'}")
         tunes[ds] = tunes.get(ds, []) + rows
     from effrag.data import sample_question_ids
 
@@ -278,8 +285,18 @@ def main(argv=None) -> int:
     except ValueError:
         p.error(f"--margin {args.margin!r}: expected a number of points or se")
     if evidence:
+        if set(tunes) - set(evidence):
+            p.error(f"--tune: {', '.join(sorted(set(tunes) - set(evidence)))} has no file in --evidence {args.evidence}")
         both = {ds: (e["direct_r"], e["direct_r_per_question"]) for ds, e in evidence.items()}
         factors = {ds: e["ranker_factor"] for ds, e in evidence.items()}
+        for ds, by_ranker in tagged.items():  # rows added to the evidence's: costed by their own ranker
+            old = factors[ds] if isinstance(factors[ds], dict) else {"ranker": factors[ds]}
+            factors[ds] = {**old, **by_ranker}
+            write_evidence(args.output / "evidence" / f"{ds}.json.gz", ds, tunes[ds], *both[ds],
+                           ranker_factor=factors[ds])
+        for ds in set(evidence) - set(tagged):
+            write_evidence(args.output / "evidence" / f"{ds}.json.gz", ds, tunes[ds], *both[ds],
+                           ranker_factor=factors[ds])
     else:
         both = {ds: direct_r(args.data, ds, set(skip), args.encoders, tuple(sorted(set(targets.values()))))
                 for ds in tunes}

@@ -41,22 +41,38 @@ def shipped_ranker(model: str, dataset: str) -> tuple[str, int | None]:
     return Path(system.ranker).name, meta.get("max_length")
 
 
+def shipped_point(model: str, dataset: str) -> tuple[dict, bool]:
+    """The cost point the system's ``loop-<dataset>.json`` ships today, and whether it labels the last hop: a bench
+    row is marked *ships* when it read exactly that (an older bench's ``shipped`` row may not)."""
+    from effrag.pipelines.efficientrag import build_config
+    from effrag.pipelines.efficientrag.system import open_system
+
+    config = build_config(open_system(model, dataset=dataset).config).to_json()
+    return point_of(config, *shipped_ranker(model, dataset)), config.get("label_last_hop", True)
+
+
 def rows_of(bench: Path, curve: list[dict], bars: dict, model: str) -> list[list[str]]:
     report = json.loads((bench / "report.json").read_text(encoding="utf-8"))
     setup = report["setup"]
     dataset = setup["dataset"]
-    ranker, length = shipped_ranker(model, dataset)
+    # the ranker the bench read with (its report says since 2026-11-28); an older report: the system's, today
+    ranker, length = ((setup["ranker"], setup.get("ranker_length")) if setup.get("ranker")
+                      else shipped_ranker(model, dataset))
     prepared = "prepared" if (setup.get("prepared") or {}).get("passages") else "unprepared"
+    ships = shipped_point(model, dataset)
     out = []
     for r in report["rows"]:
         point = point_of({**setup["base_config"], **r["changes"]}, ranker, length)
+        last = {**setup["base_config"], **r["changes"]}.get("label_last_hop", True)
         match = next((c for c in curve if {"ranker": "ranker", **c["point"]} == point), None)  # own ranker: unnamed
         rec = (["-"] * 3 if match is None else [f"{100 * match['recall'][str(b)]:.1f}" for b in (5, 7, 10)])
         keeps = ["-"] * 2 if match is None else \
             ["yes" if match["recall"][str(b)] >= bars[t] else "no" for b, t in ((7, 20), (10, 30))]
         # the last hop read by the Labeler or not: the same pools (config.label_last_hop), so the same recall
-        labels = "" if {**setup["base_config"], **r["changes"]}.get("label_last_hop", True) else ", no last-hop labels"
-        out.append([dataset, r["name"] + ("" if r["name"] != "shipped" else " **(ships)**"), ranker,
+        labels = "" if last else ", no last-hop labels"
+        # a bench's base row is "shipped" for the system it ran; it ships only if it read what ships today
+        name = r["name"] if r["name"] != "shipped" or (point, last) == ships else "its system's config"
+        out.append([dataset, name + (" **(ships)**" if (point, last) == ships else ""), ranker,
                     ", ".join(f"{k} {v}" for k, v in point.items() if k != "ranker") + labels, prepared,
                     " / ".join(f"{x:.1f}" for x in r["read_per_q"]), f"{r['s_per_q']:.3f}",
                     f"{1000 * r['unit_s']:.1f}", f"{r['ratio']:.1f}", *rec, *keeps,

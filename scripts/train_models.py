@@ -62,8 +62,8 @@ def data_paths(recipe, model: str) -> tuple[str, list[str]]:
 
 
 # the distilled rankers: the installed model each one starts from (the teacher; then the student, trained further on
-# the loop's own groups)
-STARTS_FROM = {"ranker_distilled": "ranker", "ranker_distilled_loop": "ranker_distilled"}
+# the loop's own groups; the 3-layer one from the teacher, on the loop's groups)
+STARTS_FROM = {"ranker_distilled": "ranker", "ranker_distilled_loop": "ranker_distilled", "ranker_distilled3": "ranker"}
 
 
 def role_overrides(recipe, role: str, extra: list[str]) -> list[str]:
@@ -239,7 +239,7 @@ def main() -> int:
     p.add_argument("--ranker-data", metavar="DIR", help="`effrag ranker-data` output: the ranker trains on DIR/ranker.jsonl")
     p.add_argument("--teacher-data", metavar="DIR", help="`effrag ranker-teacher` output: the distilled ranker "
                    "(ranker_distilled) trains on DIR/ranker.jsonl, from the installed teacher; "
-                   "ranker_distilled_loop, from the installed student")
+                   "ranker_distilled_loop, from the installed student; ranker_distilled3, from the installed teacher")
     p.add_argument("--synth", metavar="DIR", help="synthesis output dir: Labeler/Filter train on DIR/<model>.jsonl")
     p.add_argument("--labeler-overrides", default="", metavar="ARGS",
                    help="overrides for the Labeler only, e.g. '--model.name_or_path smollm2 --train.lr 5e-5'")

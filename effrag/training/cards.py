@@ -70,6 +70,17 @@ MODELS = {
                   "(`effrag ranker-teacher`)",
         unit="groups", usage="the loop ranks its pool with it (`pool_order: rank`); it replaces the system's `ranker/`",
         install="last"),
+    "ranker_distilled3": ModelSpec(
+        "EfficientRAG pool ranker, 3 layers (the teacher's first 3 layers and head, trained at 128 sub-tokens on "
+        "groups made of the loop's own searches over the train questions, the teacher's scores as soft targets: for "
+        "the datasets whose bar the 2-layer student cannot keep)",
+        "efficientrag-{name}/ranker-3layer", RANKER_KEYS,
+        RANKER_NOTE,
+        data_note="`effrag ranker-data --from-loop`: each search of the tuned system's loop (`loop.json`) over the "
+                  "train questions, its top 20 hybrid hits as the ranker reads them, each scored by the teacher "
+                  "(`effrag ranker-teacher`)",
+        unit="groups", usage="a loop config reads with it when it says `\"ranker\": \"ranker-3layer\"`; a system "
+        "folder's `ranker-3layer/`", install="last"),
     "irrr": ModelSpec(
         "IRRR (Qi et al., 2021): one encoder with query-term, reader (SPAN/YES/NO/NOANSWER + span) and reranker "
         "heads", "irrr-{name}",

@@ -406,6 +406,24 @@ def test_report_chooses_shipped_configs_and_cross_fits_them_against_three_retrie
     proc = run_script("efficientrag_report", "--evidence", out / "evidence", "--output", tmp_path / "bad",
                       "--targets", "5:20")
     assert proc.returncode == 2 and "--targets 5:20: expected CHUNKS=DEPTH" in proc.stderr
+    # another ranker's tuning added to a report's evidence: its rows join the evidence's, each costed by its own
+    # ranker, and the merged evidence is written; the same ranker's rows twice is one line
+    from effrag.tuning.evidence import read_evidence
+
+    shutil.copytree(d["ranker"], system / "ranker-other")
+    merged = tmp_path / "merged"
+    proc = run_script("efficientrag_report", "--evidence", out / "evidence", "--tune", f"hotpotqa={tune}@ranker-other",
+                      "--data", tmp_path / "no-data", "--system", system, "--output", merged, "--keep-sample",
+                      "--folds", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ev = read_evidence(merged / "evidence" / "hotpotqa.json.gz")
+    assert len(ev["rows"]) == 8
+    assert sorted(r["config"].get("ranker", "ranker") for r in ev["rows"]) == ["ranker"] * 4 + ["ranker-other"] * 4
+    assert set(ev["ranker_factor"]) == {"ranker", "ranker-other"}
+    assert ev["direct_r"] == read_evidence(out / "evidence" / "hotpotqa.json.gz")["direct_r"]
+    proc = run_script("efficientrag_report", "--evidence", out / "evidence", "--tune", f"hotpotqa={tune}",
+                      "--data", tmp_path / "no-data", "--output", tmp_path / "twice", "--keep-sample", "--folds", "2")
+    assert proc.returncode == 2 and "the evidence already holds hotpotqa's rows read with ranker" in proc.stderr
 
 
 def test_the_committed_evidence_rebuilds_the_headline_table(tmp_path):

@@ -239,7 +239,7 @@ def test_recipe_passes_labeler_only_overrides(tmp_path):
     shared = ["--data.max_train_examples", "100000"]
     # --force: a fresh run each (no --resume_from_checkpoint from runs/train/all); a dry run deletes nothing
     done = run_script("train_models", "--dry-run", "--force", "--models",
-                      "labeler,filter,irrr,ranker_distilled,ranker_distilled_loop",
+                      "labeler,filter,irrr,ranker_distilled,ranker_distilled_loop,ranker_distilled3",
                       "--name", "all", "--synth", tmp_path, "--teacher-data", "runs/ranker/train_all_teacher",
                       "--labeler-overrides=--model.name_or_path smollm2 --train.lr 5e-5",
                       "--launch-args=--num_processes 1", "--datasets", "hotpotqa,2wikimqa,musique", "--", *shared)
@@ -251,7 +251,7 @@ def test_recipe_passes_labeler_only_overrides(tmp_path):
             blocks[line.split()[1]] = []
         else:
             blocks[list(blocks)[-1]].append(line)
-    assert list(blocks) == ["labeler", "filter", "irrr", "ranker_distilled", "ranker_distilled_loop"]
+    assert list(blocks) == ["labeler", "filter", "irrr", "ranker_distilled", "ranker_distilled_loop", "ranker_distilled3"]
     train = {role: shlex.split(next(c for c in lines if " train.py " in c)) for role, lines in blocks.items()}
     for role, cmd in train.items():
         assert cmd[:7] == ["nice", "accelerate", "launch", "--num_processes", "1", "--num_machines", "1"]
@@ -283,6 +283,14 @@ def test_recipe_passes_labeler_only_overrides(tmp_path):
     assert MODELS["ranker_distilled_loop"].checkpoint == MODELS["ranker_distilled"].checkpoint
     cfg = load_config(Path(__file__).parents[2] / "configs" / "ranker_distilled.yaml")
     assert cfg.task == "ranker" and cfg.model.num_layers == 2 and cfg.model.extra_options["distill_weight"] > 0
+    # the 3-layer ranker: from the installed teacher on the scored groups, into its own folder beside ranker/
+    three = train["ranker_distilled3"]
+    assert three[three.index("--output_dir") + 2:] == [
+        "--data.train_file", "runs/ranker/train_all_teacher/ranker.jsonl",
+        "--model.name_or_path", "checkpoints/efficientrag-all/ranker-teacher", *shared]
+    assert MODELS["ranker_distilled3"].checkpoint == "efficientrag-{name}/ranker-3layer"
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "ranker_distilled3.yaml")
+    assert cfg.task == "ranker" and cfg.model.num_layers == 3 and cfg.model.max_length == 128
 
 
 def test_a_reused_run_keeps_only_its_own_installed_card():

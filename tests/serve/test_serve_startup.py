@@ -129,9 +129,12 @@ def test_start_up_errors_are_one_line(tmp_path, case):
         busy = None
         config, args, message = start_up_cases_named(tmp_path, case)
     (tmp_path / "serve.yaml").write_text(yaml.safe_dump(config))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    if case == "bad checkpoint":  # a cold index cache: a wrong model folder fails before the index is built
+        env["EFFRAG_CACHE_DIR"] = str(tmp_path / "cache")
     try:
         out = subprocess.run([sys.executable, "-m", "effrag.serve", "--config", str(tmp_path / "serve.yaml"), *args],
-                             capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                             capture_output=True, text=True, timeout=120, env=env)
     finally:
         if busy is not None:
             busy.close()

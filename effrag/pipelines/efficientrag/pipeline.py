@@ -183,6 +183,14 @@ class EfficientRAGPipeline(Pipeline):
             build_config(loop_file, **options)  # the file's own options (named in its errors), and rules across options
         except ValueError as e:
             raise ValueError(f"{where}: {prefix}options: {e}" if loop_file is None else str(e)) from None
+        from effrag.models.model_files import read_effrag_config
+
+        for key in ("labeler", "filter"):  # a wrong folder fails now, not after the index is built (minutes, dense)
+            if checkpoints.get(key):
+                try:
+                    read_effrag_config(checkpoints[key])
+                except (OSError, ValueError) as e:
+                    raise ValueError(f"{where}: {prefix}{key}: {' '.join(str(e).split())}") from None
 
     @classmethod
     def default_retriever(cls, labeler=None, filter=None, config=None, er_config=None, model=None,

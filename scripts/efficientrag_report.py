@@ -207,13 +207,13 @@ def ranker_factor_for(setup: dict, system: Path | None, name: str, parser) -> fl
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    src = p  # --tune, --evidence or both (a report's evidence with new rows added: another ranker's tuning)
-    src.add_argument("--tune", nargs="+", metavar="DATASET=DIR[@RANKER]",
+    # --tune, --evidence or both (a report's evidence with another ranker's tuning rows added)
+    p.add_argument("--tune", nargs="+", metavar="DATASET=DIR[@RANKER]",
                      help="tuning folders (scripts/tune_efficientrag.py); DIR@RANKER tags its rows with the system's "
                           "ranker folder they were tuned with (e.g. @ranker-teacher), and a dataset may be given "
                           "several folders, one per ranker: the rule then chooses among all their configs, each "
                           "read costed by its own ranker")
-    src.add_argument("--evidence", type=Path, metavar="DIR", help="a report's evidence/ folder (<dataset>.json.gz): "
+    p.add_argument("--evidence", type=Path, metavar="DIR", help="a report's evidence/ folder (<dataset>.json.gz): "
                      "every table rebuilt from it alone, no data folder or tuning run needed; with --tune, their rows "
                      "are added to its own (the Direct-R baselines stay the evidence's) and the merged evidence is "
                      "written")
@@ -292,9 +292,7 @@ def main(argv=None) -> int:
         for ds, by_ranker in tagged.items():  # rows added to the evidence's: costed by their own ranker
             old = factors[ds] if isinstance(factors[ds], dict) else {"ranker": factors[ds]}
             factors[ds] = {**old, **by_ranker}
-            write_evidence(args.output / "evidence" / f"{ds}.json.gz", ds, tunes[ds], *both[ds],
-                           ranker_factor=factors[ds])
-        for ds in set(evidence) - set(tagged):
+        for ds in evidence if tagged else ():  # rows were added: the evidence of what this report chose from
             write_evidence(args.output / "evidence" / f"{ds}.json.gz", ds, tunes[ds], *both[ds],
                            ranker_factor=factors[ds])
     else:

@@ -84,6 +84,7 @@ def main(argv=None) -> int:
     from effrag.setup import RunSetup
     from effrag.pipelines.efficientrag import build_config, load_models
     from effrag.tuning.loop_cost import measure, report
+    from effrag.models.model_files import read_effrag_config
     from effrag.pipelines.efficientrag.system import open_system
     from effrag.provenance import portable, portable_path
     from effrag.provenance import provenance, source_commit
@@ -148,8 +149,7 @@ def main(argv=None) -> int:
                    "setup_s": setup_s, "prepared": out["prepared"],
                    # the ranker folder the loop read with and its trained length (the Pareto table's match)
                    "ranker": Path(ranker_dir).name if ranker_dir is not None else None,
-                   "ranker_length": (json.loads((Path(ranker_dir) / "effrag_config.json").read_text()).get("max_length")
-                                     if ranker_dir is not None else None),
+                   "ranker_length": read_effrag_config(ranker_dir).get("max_length") if ranker_dir is not None else None,
                    "base_config": base.to_json()},
          "rows": rows}), indent=2, default=str))
     print(table)

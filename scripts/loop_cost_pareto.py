@@ -62,8 +62,8 @@ def rows_of(bench: Path, curve: list[dict], bars: dict, model: str) -> list[list
     ships = shipped_point(model, dataset)
     out = []
     for r in report["rows"]:
-        point = point_of({**setup["base_config"], **r["changes"]}, ranker, length)
-        last = {**setup["base_config"], **r["changes"]}.get("label_last_hop", True)
+        config = {**setup["base_config"], **r["changes"]}
+        point, last = point_of(config, ranker, length), config.get("label_last_hop", True)
         match = next((c for c in curve if {"ranker": "ranker", **c["point"]} == point), None)  # own ranker: unnamed
         rec = (["-"] * 3 if match is None else [f"{100 * match['recall'][str(b)]:.1f}" for b in (5, 7, 10)])
         keeps = ["-"] * 2 if match is None else \

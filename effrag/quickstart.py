@@ -39,7 +39,7 @@ CURVE_MAX = 10        # EfficientRAG's pool is scored at 1..10 chunks
 DIRECT_K_MAX = 30     # Direct-R at 1..30
 BARS = {7: 20, 10: 30}  # at most this many chunks -> the Direct-R depth to reach
 CAPTION = ("D-R = Direct-R, the best of BM25, dense and hybrid at that depth; ER = EfficientRAG with at most 7 / "
-           "10 chunks (margin in points); read/q = Labeler + ranker forwards per question. These bundled dev "
+           "10 chunks (margin in points); read/q = Labeler + ranker reads per question. These bundled dev "
            "questions chose none of the shipped loop configs' final picks (cost point, pool weights) and none of "
            "the weights; they are in the dev files on which the grid's fixed values (token and filter thresholds, "
            "labeler_top), the loop structures and the link design were settled, and the selection margin was set "

@@ -83,11 +83,14 @@ def rows_of(bench: Path, curve: list[dict], bars: dict, model: str) -> list[list
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bench", nargs="+", type=Path, required=True, help="bench_loop_cost.py output folders")
-    p.add_argument("--crossfit", type=Path, default=Path("reports/efficientrag/crossfit/crossfit.json"))
+    p.add_argument("--crossfit", type=Path, nargs="+", default=[Path("reports/efficientrag/crossfit/crossfit.json")],
+                   help="crossfit.json files: a point's recall comes from the first that tried it (a ranker's own "
+                        "report holds the rows the shipping report does not)")
     p.add_argument("--model", default="efficientrag-all")
     p.add_argument("--output", type=Path, required=True)
     args = p.parse_args(argv)
-    cf = json.loads(args.crossfit.read_text(encoding="utf-8"))
+    fits = [json.loads(f.read_text(encoding="utf-8")) for f in args.crossfit]
+    cf = fits[0]  # the bars (Direct-R on the same questions) are the first report's
     rows = []
     for bench in args.bench:
         if not (bench / "report.json").is_file():
@@ -95,12 +98,13 @@ def main(argv=None) -> int:
         dataset = json.loads((bench / "report.json").read_text())["setup"]["dataset"]
         direct = cf["direct_r"][dataset]
         bars = {t: max(direct[kind][str(t)] for kind in direct) for t in (20, 30)}
-        rows += rows_of(bench, cf["pareto"][dataset], bars, args.model)
+        rows += rows_of(bench, [c for f in fits for c in f["pareto"].get(dataset, [])], bars, args.model)
     from effrag.evaluation.report import md_table
 
     head = ["dataset", "variant", "ranker", "cost point", "corpus", "read/q (Labeler / ranker / Filter)", "s/q",
             "unit ms/pair", "pfe", "R@5", "R@7", "R@10", "@7 >= strongest @20", "@10 >= strongest @30", "bench"]
-    text = (f"Cross-fitted recall from `{args.crossfit.as_posix()}` (5 folds; the choosing questions never score "
+    text = (f"Cross-fitted recall from {', '.join(f'`{f.as_posix()}`' for f in args.crossfit)} (the first that tried "
+            "a point; 5 folds; the choosing questions never score "
             "their own pick); seconds, reads and *pfe* (the loop's seconds per question over one plain MiniLM-L6 pair "
             "forward in the same run; target <= 12) from each bench folder, named in the last column with its "
             "commit. `-`: a cost point the tuning did not try. Command: `python scripts/loop_cost_pareto.py "

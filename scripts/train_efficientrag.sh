@@ -4,7 +4,8 @@
 #   bash scripts/train_efficientrag.sh all           # the three train sets pooled -> checkpoints/efficientrag-all
 #   bash scripts/train_efficientrag.sh hotpotqa      # one train set -> checkpoints/efficientrag-hotpotqa
 # Writes the system folder checkpoints/efficientrag-<name>/: labeler/, filter/, ranker/ (the distilled one, trained
-# last on the loop's own reads; its teacher in ranker-teacher/; model cards inside),
+# last on the loop's own reads; its teacher in ranker-teacher/, the late-interaction one in ranker-late/; model cards
+# inside),
 # loop-<dataset>.json for hotpotqa, 2wikimqa and musique (chosen on that dev file), loop.json (one config chosen
 # jointly on the three: the default for a corpus of your own) and README.md. Every loop config records the retriever
 # it was tuned for (RETRIEVER, default hybrid) and the cross-fitted recall of the protocol that chose it.
@@ -30,7 +31,9 @@
 # 5. The student again, where it reads (LOOP_DISTILL=0 skips it): `effrag ranker-data --from-loop` makes one group of
 #    each search the tuned system's loop (loop.json) makes over the train questions (the query as the ranker reads
 #    it, the top 20 hits), the teacher scores them, configs/ranker_distilled_loop.yaml trains the student one more
-#    epoch on them (installed over ranker/), and step 4 runs again with its rows (runs/tune/<name>-<dataset>-loop).
+#    epoch on them (installed over ranker/), configs/late_ranker.yaml trains the late-interaction ranker on the same
+#    groups (installed as ranker-late/: a chunk is read once, at index time), and step 4 runs again with the student's
+#    rows and the late ranker's (runs/tune/<name>-<dataset>-loop, runs/tune/<name>-<dataset>-late).
 # Every stage resumes; finished stages are reused.
 # Env: DATA (default ../shared/data), PROCESSES (CPU processes, default 1), BIN (default .venv/bin), LAUNCH (raw
 # `accelerate launch` arguments for GPUs, e.g. LAUNCH="--multi_gpu --num_processes 4"), RETRIEVER (the loop's
@@ -104,6 +107,13 @@ tune_and_report() {  # $1: the student's tune folders' suffix; the teacher's row
         --output "runs/tune/$name-$d-teacher" > /dev/null
       tunes+=("$d=runs/tune/$name-$d-teacher@ranker-teacher")
     fi
+    if [ -d "$ck/ranker-late" ]; then  # and the late-interaction ranker's (step 5): reads that cost no forward
+      # shellcheck disable=SC2086
+      "$BIN/python" scripts/tune_efficientrag.py --labeler "$ck/labeler" --filter "$ck/filter" \
+        --ranker "$ck/ranker-late" --questions "$DATA/$d/dev.jsonl" --corpus-from "$DATA/$d/train.jsonl" \
+        --retriever "$RETRIEVER" --bf16 --er-bf16 --n 0 "${grid_args[@]}" --output "runs/tune/$name-$d-late" > /dev/null
+      tunes+=("$d=runs/tune/$name-$d-late@ranker-late")
+    fi
   done
   "$BIN/python" scripts/efficientrag_report.py --tune "${tunes[@]}" --data "$DATA" --folds "$FOLDS" --system "$ck" \
     --rule "${RULE:-cheapest}" --margin "${MARGIN:-se}" --prefer "${PREFER:-simple}" --output "runs/tune/$name-report$1"
@@ -116,7 +126,7 @@ if [ -z "${TUNE_ONLY:-}" ] && [ "${LOOP_DISTILL:-1}" != 0 ]; then
     --depth 20 --batch-size 32
   "$BIN/effrag" ranker-teacher --data "runs/ranker/train_${ds}_loop" --teacher "$ck/ranker-teacher" \
     --output "runs/ranker/train_${ds}_loop_teacher" --bf16
-  "$BIN/python" scripts/train_models.py --models ranker_distilled_loop --name "$name" \
+  "$BIN/python" scripts/train_models.py --models ranker_distilled_loop,late_ranker --name "$name" \
     --teacher-data "runs/ranker/train_${ds}_loop_teacher" --processes "${PROCESSES:-1}" ${LAUNCH:+--launch-args "$LAUNCH"}
   tune_and_report "-loop"
 fi

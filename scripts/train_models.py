@@ -73,6 +73,8 @@ def role_overrides(recipe, role: str, extra: list[str]) -> list[str]:
         out = ["--data.train_file", train, "--data.eval_files", ",".join(evals)]
     elif role == "ranker":
         out = ["--data.train_file", str(Path(recipe.ranker_data) / "ranker.jsonl")] if recipe.ranker_data else []
+    elif role == "late_ranker":  # the groups the teacher scored, from the packaged MiniLM (its config's encoder)
+        out = ["--data.train_file", str(Path(recipe.teacher_data) / "ranker.jsonl")] if recipe.teacher_data else []
     elif role in STARTS_FROM:  # groups scored by the teacher, from the model installed before
         out = ["--data.train_file", str(Path(recipe.teacher_data) / "ranker.jsonl")] if recipe.teacher_data else []
         out += ["--model.name_or_path", "checkpoints/" + MODELS[STARTS_FROM[role]].checkpoint.format(name=recipe.name)]
@@ -239,7 +241,8 @@ def main() -> int:
     p.add_argument("--ranker-data", metavar="DIR", help="`effrag ranker-data` output: the ranker trains on DIR/ranker.jsonl")
     p.add_argument("--teacher-data", metavar="DIR", help="`effrag ranker-teacher` output: the distilled ranker "
                    "(ranker_distilled) trains on DIR/ranker.jsonl, from the installed teacher; "
-                   "ranker_distilled_loop, from the installed student; ranker_distilled3, from the installed teacher")
+                   "ranker_distilled_loop, from the installed student; ranker_distilled3, from the installed teacher; "
+                   "late_ranker, from MiniLM")
     p.add_argument("--synth", metavar="DIR", help="synthesis output dir: Labeler/Filter train on DIR/<model>.jsonl")
     p.add_argument("--labeler-overrides", default="", metavar="ARGS",
                    help="overrides for the Labeler only, e.g. '--model.name_or_path smollm2 --train.lr 5e-5'")

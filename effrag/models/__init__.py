@@ -13,6 +13,7 @@ from .filter import FilterModel
 from .heads import CONFIG_NAME, ENCODER_ALIASES, EncoderWithHeads, read_effrag_config, resolve_encoder
 from .irrr import IRRRModel
 from .labeler import LabelerModel
+from .late_ranker import LateRankerModel
 from .model_files import HEADS_NAME, WEIGHTS_NAME, fingerprint, is_checkpoint, update_effrag_config
 from .ranker import RankerModel
 from .reader import ExtractiveReader, load_reader_checkpoint
@@ -21,7 +22,8 @@ from .tokenization import IGNORE, encode_pairs, encode_singles, pad_batch
 
 MODEL_TYPES: dict[str, type[EncoderWithHeads]] = {"labeler": LabelerModel, "filter": FilterModel, "irrr": IRRRModel,
                                                    "reader": ExtractiveReader, "reader_vote": ReaderVote,
-                                                   "ranker": RankerModel}
+                                                   "ranker": RankerModel,
+                                                   "late_ranker": LateRankerModel}
 
 
 def register_model(cls: type[EncoderWithHeads]) -> type[EncoderWithHeads]:
@@ -40,7 +42,7 @@ def load_model(path: str | Path, **kwargs) -> EncoderWithHeads:
 
 
 __all__ = [
-    "LabelerModel", "FilterModel", "RankerModel", "IRRRModel", "ExtractiveReader", "ReaderVote", "load_reader", "load_reader_checkpoint", "EncoderWithHeads", "load_model", "register_model",
+    "LabelerModel", "FilterModel", "RankerModel", "LateRankerModel", "IRRRModel", "ExtractiveReader", "ReaderVote", "load_reader", "load_reader_checkpoint", "EncoderWithHeads", "load_model", "register_model",
     "MODEL_TYPES", "CONFIG_NAME", "HEADS_NAME", "WEIGHTS_NAME", "is_checkpoint", "fingerprint", "update_effrag_config",
     "read_effrag_config",
     "resolve_encoder", "ENCODER_ALIASES", "encode_pairs", "encode_singles", "pad_batch", "IGNORE",

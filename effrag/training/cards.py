@@ -81,6 +81,17 @@ MODELS = {
                   "(`effrag ranker-teacher`)",
         unit="groups", usage="a loop config reads with it when it says `\"ranker\": \"ranker-3layer\"`; a system "
         "folder's `ranker-3layer/`", install="last"),
+    "late_ranker": ModelSpec(
+        "EfficientRAG pool ranker, late interaction (MiniLM-L6 reads a query and each chunk apart; a pair scores the "
+        "MaxSim of their 128-dim token vectors, so a chunk is read once, at index time; trained on groups made of the "
+        "loop's own searches over the train questions, the teacher's scores as soft targets)",
+        "efficientrag-{name}/ranker-late", RANKER_KEYS,
+        RANKER_NOTE,
+        data_note="`effrag ranker-data --from-loop`: each search of the tuned system's loop (`loop.json`) over the "
+                  "train questions, its top 20 hybrid hits as the ranker reads them, each scored by the teacher "
+                  "(`effrag ranker-teacher`)",
+        unit="groups", usage="a loop config reads with it when it says `\"ranker\": \"ranker-late\"`; a system "
+        "folder's `ranker-late/`", install="last"),
     "irrr": ModelSpec(
         "IRRR (Qi et al., 2021): one encoder with query-term, reader (SPAN/YES/NO/NOANSWER + span) and reranker "
         "heads", "irrr-{name}",

@@ -15,7 +15,7 @@ from effrag.pretrained import LOOP_DATASETS  # a shipped system's loop-<dataset>
 def export_system(src: Path, dst: Path, figures: Path | None = None) -> dict:
     """An EfficientRAG system folder (``bash scripts/train_efficientrag.sh all``'s) into ``dst`` as it ships: encoders
     as int8 rows, loop configs, the source cards, ``README.md`` (:func:`shipped_card`) and ``export.json``."""
-    from effrag.models import FilterModel, LabelerModel, RankerModel, WEIGHTS_NAME
+    from effrag.models import FilterModel, LabelerModel, WEIGHTS_NAME, load_model
     from effrag.models.compact import COMPACT_NAME, has_compact_encoder
     from effrag.provenance import file_sha256, portable, provenance
 
@@ -28,14 +28,15 @@ def export_system(src: Path, dst: Path, figures: Path | None = None) -> dict:
     sizes, sources = {}, {}
     # every pool ranker the system holds: ranker/ and any ranker-<name>/ a loop config reads with (its "ranker")
     rankers = sorted(d.name for d in src.iterdir() if d.is_dir() and (d.name == "ranker" or d.name.startswith("ranker-")))
-    models = [("labeler", LabelerModel), ("filter", FilterModel)] + [(name, RankerModel) for name in rankers]
-    for name, cls in models:
+    models = [("labeler", LabelerModel.from_pretrained), ("filter", FilterModel.from_pretrained)] + \
+        [(name, load_model) for name in rankers]  # a cross-encoder or a late-interaction ranker, by its type
+    for name, load in models:
         # a folder that already holds int8 rows (a shipped system retuned in place) is copied as it is
         if has_compact_encoder(src / name):
             shutil.copytree(src / name, dst / name)
             sources[name] = {COMPACT_NAME: file_sha256(src / name / COMPACT_NAME)}
         else:
-            model = cls.from_pretrained(src / name)
+            model = load(src / name)
             model.save_pretrained(dst / name, compact=True)
             sources[name] = {WEIGHTS_NAME: file_sha256(src / name / WEIGHTS_NAME)}
             if (src / name / "README.md").is_file():

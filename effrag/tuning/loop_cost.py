@@ -16,6 +16,10 @@ import time
 # spares only the longer half (measured with MiniLM-L6 on HotpotQA pairs, 2026-11-27: 0.68 at 128, 0.50 at 96).
 FILTER_READ = 0.25
 FULL_LENGTH_TOKENS = 188
+# A late-interaction ranker's read (effrag.models.late_ranker) is a MaxSim over vectors the index stored: what it costs
+# at query time is its queries' encoding (~20 sub-tokens each, once per query and hop) spread over the ~10 chunks each
+# query reads, about 1/60 of a Labeler pair read; the chunks' own encoding is index time.
+LATE_RANKER_READ = 1 / 60
 
 
 def length_factor(max_length: int | None) -> float:
@@ -39,11 +43,16 @@ def ranker_read_factor(ranker_dir, labeler_dir) -> float:
     (same width; the embeddings and the head are a few percent of a forward) times the ratio of their own input
     lengths' :func:`length_factor` (a 2-layer student trained at 128 sub-tokens beside the 6-layer Labeler at 256:
     1/3 x 0.68). A config's ``ranker_max_length`` is counted on top (:func:`read_cost`), which overstates a further
-    cut of a ranker already shorter than it; no recipe config cuts the student. 1.0 when a folder's config.json or
-    effrag_config.json does not say."""
+    cut of a ranker already shorter than it; no recipe config cuts the student. A late-interaction ranker's read is
+    :data:`LATE_RANKER_READ`. 1.0 when a folder's config.json or effrag_config.json does not say."""
     import json
     from pathlib import Path
 
+    try:
+        if json.loads((Path(ranker_dir) / "effrag_config.json").read_text()).get("model_type") == "late_ranker":
+            return LATE_RANKER_READ
+    except (OSError, ValueError, AttributeError):
+        pass  # costed below, which warns
     layers, lengths = [], []
     for d in (ranker_dir, labeler_dir):
         try:

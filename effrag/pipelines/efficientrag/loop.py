@@ -332,6 +332,9 @@ class EfficientRAGLoop:
             ws = self._chunk_words(passages[i: i + batch_size])
             for e in encoders.values():
                 e.chunk_tokens(ws)
+            if hasattr(self.ranker, "index"):  # a late-interaction ranker: each chunk's vectors, read once here
+                self.ranker.index(ws, batch_size=self.config.batch_size, bf16=self.config.bf16,
+                                  max_length=self.config.ranker_max_length)
         return {"passages": len(passages), "seconds": time.perf_counter() - t0}
 
     def _chunk_words(self, hits: list[Any]) -> list[tuple[str, ...]]:

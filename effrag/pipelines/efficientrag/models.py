@@ -36,7 +36,7 @@ def load_models(labeler, filter_model, device: str | None = None, ranker=None):
     ``(labeler, filter)``, or ``(labeler, filter, ranker)`` when ``ranker`` is given."""
     import torch
 
-    from effrag.models import FilterModel, LabelerModel, RankerModel
+    from effrag.models import FilterModel, LabelerModel, LateRankerModel, RankerModel, load_model
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     path = lambda m: isinstance(m, str) or hasattr(m, "__fspath__")  # noqa: E731
@@ -46,6 +46,9 @@ def load_models(labeler, filter_model, device: str | None = None, ranker=None):
         filter_model = FilterModel.from_pretrained(filter_model).to(device)
     if ranker is None:
         return labeler.eval(), filter_model.eval()
-    if path(ranker):
-        ranker = RankerModel.from_pretrained(ranker).to(device)
+    ranker_path = ranker
+    if path(ranker):  # a cross-encoder (ranker) or a late-interaction one (late_ranker)
+        ranker = load_model(ranker).to(device)
+        if not isinstance(ranker, (RankerModel, LateRankerModel)):
+            raise ValueError(f"{ranker_path}: a {type(ranker).model_type} model is not a pool ranker")
     return labeler.eval(), filter_model.eval(), ranker.eval()

@@ -3,7 +3,7 @@
 A system folder (what ``bash scripts/train_efficientrag.sh all`` writes, and what ``effrag/pretrained/`` ships)::
 
     labeler/  filter/  [ranker/]     checkpoints
-    [ranker-<name>/]                 other pool rankers a loop config may read with (e.g. ranker-teacher/)
+    [ranker-<name>/]                 other pool rankers a loop config may read with (ranker-teacher/, ranker-late/)
     loop.json                        the general loop config, tuned jointly over the dev files
     loop-<dataset>.json              optional per-dataset configs
 

@@ -20,7 +20,8 @@ import importlib
 from .base import TASKS, TOKEN_STATS, Task, ratio, register_task, token_metrics, token_stats
 
 # task -> module here
-BUILTIN = {"labeler": "efficientrag", "filter": "efficientrag", "irrr": "irrr", "reader": "reader", "ranker": "ranker"}
+BUILTIN = {"labeler": "efficientrag", "filter": "efficientrag", "irrr": "irrr", "reader": "reader", "ranker": "ranker",
+           "late_ranker": "late_ranker"}
 
 
 def get_task(name: str) -> Task:

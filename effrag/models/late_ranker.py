@@ -1,0 +1,181 @@
+"""A late-interaction pool ranker: a chunk is read once, at index time, and every later (query, chunk) read is a
+MaxSim over stored token vectors (Khattab & Zaharia's ColBERT), not a transformer forward.
+
+Why: the cross-encoder ranker reads each (query, chunk) pair with the whole encoder, and on MuSiQue the loop needs
+the 6-layer teacher's ~34 reads per question to keep its bar (issue #45). Here the encoder reads the query alone
+(once per query) and each chunk alone (once per chunk, cacheable at index time); a pair's score is
+``exp(log_scale) * sum_i max_j <q_i, d_j>`` over the L2-normalised projections of their token states. The scale is
+learned, so the scores sit on the teacher's log-odds scale the loop's pool weights were tuned on.
+
+Trained like the distilled ranker (:mod:`.ranker`): one group of candidates per (query, gold chunk), the listwise loss
+on the gold mixed with the KL divergence from the cross-encoder teacher's softmax over the group. A training feature
+is the group's query sequence (``rank_query`` 1) followed by its candidates.
+
+``predict`` has the cross-encoder's signature, so the loop reads with either. Chunk vectors are cached in memory by
+the chunk's words (:meth:`index` fills the cache ahead of the questions); a chunk never seen is encoded on first read.
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .heads import DEFAULT_OPTIONS, EncoderWithHeads
+from .ranker import RankerOutput, distill_loss, listwise_loss
+from .tokenization import IGNORE, length_batches, pad_batch
+
+NOT_A_CANDIDATE = -1e4  # the score of a group's query row in training (never above a gold)
+
+
+class LateRankerModel(EncoderWithHeads):
+    model_type = "late_ranker"
+    label_names = {"rel": ["irrelevant", "relevant"]}
+    # max_length: a chunk's sub-tokens; query_max_length: a query's; dim: the stored vector size per token;
+    # cache_chunks: how many chunks' vectors predict keeps (the oldest go first)
+    default_options = {**DEFAULT_OPTIONS, "max_length": 128, "query_max_length": 32, "dim": 128,
+                       "distill_weight": 0.5, "distill_temperature": 1.0, "cache_chunks": 200_000,
+                       "query_norm": 0}
+
+    def build_heads(self, hidden: int, dropout: float) -> None:
+        self.proj = nn.Linear(hidden, int(self.options["dim"]), bias=False)
+        self.log_scale = nn.Parameter(torch.zeros(()))
+        self._cache: OrderedDict[tuple[str, ...], torch.Tensor] = OrderedDict()
+
+    # -- the vectors --------------------------------------------------------------------------------
+    def token_vectors(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[B, T, dim] L2-normalised projections of the encoder's token states, zero at padding."""
+        hidden = self.encode_hidden(input_ids, attention_mask)
+        vec = F.normalize(self.proj(hidden).float(), dim=-1)
+        return vec * attention_mask.unsqueeze(-1).to(vec.dtype)
+
+    def maxsim(self, query: torch.Tensor, query_mask: torch.Tensor, chunks: torch.Tensor,
+               chunk_mask: torch.Tensor) -> torch.Tensor:
+        """Scores [N] of one query's vectors [Tq, dim] against N chunks' [N, Tc, dim] (masks [Tq], [N, Tc])."""
+        sim = torch.einsum("qk,ntk->nqt", query.float(), chunks.float())
+        sim = sim.masked_fill(chunk_mask[:, None, :] == 0, -1.0)  # padding never the best match (cosine >= -1)
+        total = (sim.max(-1).values * query_mask.float()).sum(-1)
+        if self.options.get("query_norm"):  # per query token, times a fixed length: scores comparable across queries
+            total = total * (float(self.options["query_norm"]) / query_mask.float().sum().clamp(min=1))
+        return total * self.log_scale.exp()
+
+    # -- training -----------------------------------------------------------------------------------
+    def forward(self, input_ids, attention_mask, token_type_ids=None, rank_group=None, rank_label=None,
+                rank_teacher=None, rank_query=None, labels=None) -> RankerOutput:
+        if rank_group is None or rank_query is None:
+            raise ValueError("a late_ranker batch needs rank_group and rank_query (one query row per group)")
+        vec = self.token_vectors(input_ids, attention_mask)
+        scores = torch.full((len(input_ids),), NOT_A_CANDIDATE, dtype=torch.float, device=vec.device)
+        is_query = rank_query.bool()
+        for g in torch.unique(rank_group):
+            in_g = rank_group == g
+            q = torch.nonzero(in_g & is_query)[:, 0]
+            docs = torch.nonzero(in_g & ~is_query)[:, 0]
+            if len(q) != 1:
+                raise ValueError(f"group {int(g)} has {len(q)} query rows, expected 1")
+            scores[docs] = self.maxsim(vec[q[0]], attention_mask[q[0]], vec[docs], attention_mask[docs])
+        out = RankerOutput(scores=scores)
+        if rank_label is not None:
+            docs = ~is_query
+            out.loss = listwise_loss(scores[docs], rank_group[docs], rank_label[docs])
+            weight = float(self.options["distill_weight"])
+            if weight > 0 and rank_teacher is not None:
+                soft = distill_loss(scores[docs], rank_teacher[docs].float(), rank_group[docs],
+                                    float(self.options["distill_temperature"]))
+                if soft is not None:
+                    out.loss = (1 - weight) * out.loss + weight * soft
+                elif self.training:
+                    raise ValueError("distill_weight > 0 but no training group carries teacher scores on every "
+                                     "candidate: score the training file with `effrag ranker-teacher` first")
+        return out
+
+    def encode_text(self, texts: list[str], max_length: int) -> list[dict]:
+        enc = self.tokenizer(texts, truncation=True, max_length=max_length)
+        return [{"input_ids": ids, "attention_mask": mask} for ids, mask in zip(enc["input_ids"], enc["attention_mask"])]
+
+    def group_features(self, query: str, chunks: list[str], gold: list[int], teacher: list[float],
+                       max_length: int | None = None) -> list[dict]:
+        """A training group's sequences: the query (``rank_query`` 1), then each chunk with its label and teacher
+        score (NaN where none)."""
+        q = self.encode_text([query], int(self.options["query_max_length"]))[0]
+        seqs = [{**q, "rank_label": IGNORE, "rank_teacher": math.nan, "rank_query": 1}]
+        for f, y, t in zip(self.encode_text(chunks, max_length or self.max_length), gold, teacher):
+            seqs.append({**f, "rank_label": int(y), "rank_teacher": float(t), "rank_query": 0})
+        return seqs
+
+    # -- inference ----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _encode_all(self, texts: list[str], max_length: int, batch_size: int, bf16: bool) -> list[torch.Tensor]:
+        """Each text's token vectors [T, dim] (padding dropped), on the CPU in bf16 or fp32."""
+        from ..hardware import resolve_bf16
+
+        feats = self.encode_text(texts, max_length)
+        out: list[torch.Tensor | None] = [None] * len(texts)
+        was_training = self.training
+        self.eval()
+        device = self.device
+        bf16 = resolve_bf16(bf16, device.type)
+        try:
+            for idx in length_batches([len(f["input_ids"]) for f in feats], batch_size):
+                batch = {k: v.to(device) for k, v in pad_batch([feats[i] for i in idx], self.tokenizer.pad_token_id).items()}
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                    vec = self.token_vectors(batch["input_ids"], batch["attention_mask"])
+                store = torch.bfloat16 if bf16 else torch.float32
+                for row, i in enumerate(idx):
+                    out[i] = vec[row, : len(feats[i]["input_ids"])].to("cpu", store)
+        finally:
+            self.train(was_training)
+        return out  # type: ignore[return-value]
+
+    def index(self, chunks: list[list[str]] | list[tuple[str, ...]], batch_size: int = 32, bf16: bool = False,
+              max_length: int | None = None) -> int:
+        """Encode the chunks not cached yet (index time). Returns how many were encoded."""
+        keys = list(OrderedDict.fromkeys(tuple(c) for c in chunks if tuple(c) not in self._cache))
+        limit = int(self.options["cache_chunks"])
+        for i in range(0, len(keys), 4096):
+            part = keys[i: i + 4096]
+            for key, vec in zip(part, self._encode_all([" ".join(k) for k in part], max_length or self.max_length,
+                                                       batch_size, bf16)):
+                self._cache[key] = vec
+            while len(self._cache) > limit:
+                self._cache.popitem(last=False)
+        return len(keys)
+
+    @torch.inference_mode()
+    def predict(self, queries: list[str], chunks: list[list[str]], batch_size: int = 32,
+                max_length: int | None = None, bf16: bool = False) -> list[float]:
+        """The score of each (query, chunk word list) pair: the query is encoded once, each chunk once per cache
+        life (``max_length`` cuts chunks encoded by this call; cached ones keep their length)."""
+        if len(queries) != len(chunks):
+            raise ValueError(f"{len(queries)} queries for {len(chunks)} chunks")
+        keys = [tuple(c) for c in chunks]
+        missing = [k for k in OrderedDict.fromkeys(keys) if k not in self._cache]
+        if missing:
+            self.index(missing, batch_size, bf16, max_length)
+        chunk_vecs = {k: self._cache[k] if k in self._cache else None for k in OrderedDict.fromkeys(keys)}
+        if any(v is None for v in chunk_vecs.values()):  # more new chunks in one call than the cache holds
+            fresh = [k for k, v in chunk_vecs.items() if v is None]
+            chunk_vecs.update(zip(fresh, self._encode_all([" ".join(k) for k in fresh], max_length or self.max_length,
+                                                          batch_size, bf16)))
+        uniq = list(OrderedDict.fromkeys(queries))
+        qvecs = dict(zip(uniq, self._encode_all(uniq, int(self.options["query_max_length"]), batch_size, bf16)))
+        by_query: dict[str, list[int]] = {}
+        for i, q in enumerate(queries):
+            by_query.setdefault(q, []).append(i)
+        scores = [0.0] * len(queries)
+        for q, rows in by_query.items():
+            vecs = [chunk_vecs[keys[i]] for i in rows]
+            width = max(len(v) for v in vecs)
+            dim = vecs[0].shape[-1]
+            stacked = torch.zeros(len(vecs), width, dim)
+            mask = torch.zeros(len(vecs), width)
+            for j, v in enumerate(vecs):
+                stacked[j, : len(v)] = v.float()
+                mask[j, : len(v)] = 1
+            qv = qvecs[q]
+            values = self.maxsim(qv, torch.ones(len(qv)), stacked, mask).tolist()
+            for j, i in enumerate(rows):
+                scores[i] = values[j]
+        return scores

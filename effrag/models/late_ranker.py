@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .heads import DEFAULT_OPTIONS, EncoderWithHeads
-from .ranker import RankerOutput, distill_loss, listwise_loss
+from .ranker import RankerOutput, group_loss
 from .tokenization import IGNORE, length_batches, pad_batch
 
 NOT_A_CANDIDATE = -1e4  # the score of a group's query row in training (never above a gold)
@@ -79,16 +79,8 @@ class LateRankerModel(EncoderWithHeads):
         out = RankerOutput(scores=scores)
         if rank_label is not None:
             docs = ~is_query
-            out.loss = listwise_loss(scores[docs], rank_group[docs], rank_label[docs])
-            weight = float(self.options["distill_weight"])
-            if weight > 0 and rank_teacher is not None:
-                soft = distill_loss(scores[docs], rank_teacher[docs].float(), rank_group[docs],
-                                    float(self.options["distill_temperature"]))
-                if soft is not None:
-                    out.loss = (1 - weight) * out.loss + weight * soft
-                elif self.training:
-                    raise ValueError("distill_weight > 0 but no training group carries teacher scores on every "
-                                     "candidate: score the training file with `effrag ranker-teacher` first")
+            out.loss = group_loss(self, scores[docs], rank_group[docs], rank_label[docs],
+                                  None if rank_teacher is None else rank_teacher[docs])
         return out
 
     def encode_text(self, texts: list[str], max_length: int) -> list[dict]:

@@ -70,6 +70,22 @@ def distill_loss(scores: torch.Tensor, teacher: torch.Tensor, group: torch.Tenso
     return torch.stack(losses).mean() if losses else None
 
 
+def group_loss(model, scores: torch.Tensor, group: torch.Tensor, label: torch.Tensor,
+               teacher: torch.Tensor | None) -> torch.Tensor:
+    """A ranker's training loss: :func:`listwise_loss`, mixed with :func:`distill_loss` by the model's
+    ``distill_weight`` when the batch carries the teacher's scores (one home for every pool ranker's loss)."""
+    loss = listwise_loss(scores, group, label)
+    weight = float(model.options["distill_weight"])
+    if weight > 0 and teacher is not None:
+        soft = distill_loss(scores, teacher.float(), group, float(model.options["distill_temperature"]))
+        if soft is not None:
+            return (1 - weight) * loss + weight * soft
+        if model.training:
+            raise ValueError("distill_weight > 0 but no training group carries teacher scores on every "
+                             "candidate: score the training file with `effrag ranker-teacher` first")
+    return loss
+
+
 class RankerModel(EncoderWithHeads):
     model_type = "ranker"
     label_names = {"rel": ["irrelevant", "relevant"]}
@@ -86,16 +102,7 @@ class RankerModel(EncoderWithHeads):
         scores = self.score_head(hidden, attention_mask)[:, 0]
         out = RankerOutput(scores=scores)
         if rank_group is not None and rank_label is not None:
-            out.loss = listwise_loss(scores.float(), rank_group, rank_label)
-            weight = float(self.options["distill_weight"])
-            if weight > 0 and rank_teacher is not None:
-                soft = distill_loss(scores.float(), rank_teacher.float(), rank_group,
-                                    float(self.options["distill_temperature"]))
-                if soft is not None:
-                    out.loss = (1 - weight) * out.loss + weight * soft
-                elif self.training:
-                    raise ValueError("distill_weight > 0 but no training group carries teacher scores on every "
-                                     "candidate: score the training file with `effrag ranker-teacher` first")
+            out.loss = group_loss(self, scores.float(), rank_group, rank_label, rank_teacher)
         return out
 
     def encode(self, query_words, chunk_words, max_length: int | None = None):

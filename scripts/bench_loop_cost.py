@@ -137,7 +137,9 @@ def main(argv=None) -> int:
           (f"Index time: the corpus's {out['prepared']['passages']} chunks were split into words and tokenised "
            f"before the questions (`EfficientRAGLoop.prepare`, as `effrag eval` and `effrag serve` do on opening the "
            f"system) in {out['prepared']['seconds']:.1f} s, {1000 * out['prepared']['seconds'] / max(1, out['prepared']['passages']):.2f} ms "
-           "per chunk; not in s/q.\n" if out["prepared"]["passages"] else
+           f"per chunk, {out['prepared'].get('vectors_encoded', 0)} late-interaction chunk vectors encoded (the bench "
+           "keeps no vector store: a system opened again loads them, `effrag.models.late_vectors`); not in s/q.\n"
+           if out["prepared"]["passages"] else
            "The corpus was not prepared (`--no-prepare`): each chunk is split and tokenised when a question first "
            "reads it, inside s/q.\n")]
     (dest / "report.md").write_text("\n".join(md))

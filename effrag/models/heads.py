@@ -302,12 +302,14 @@ class EncoderWithHeads(nn.Module):
         (path / CONFIG_NAME).write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
 
-def forward_batches(model: "EncoderWithHeads", features: list[dict], batch_size: int, bf16: bool):
+def forward_batches(model: "EncoderWithHeads", features: list[dict], batch_size: int, bf16: bool,
+                    run=None):
     """Run ``model`` over feature dicts (``input_ids`` ...) in length-sorted, padded batches, in eval mode.
 
     Yields ``(indices, output)`` per batch (``indices`` into ``features``); the model's training mode
     is restored afterwards. Callers run it under ``torch.inference_mode``. The one home of eval
-    mode, batching, device placement and bf16 autocast for every model's ``predict``.
+    mode, batching, device placement and bf16 autocast for every model's ``predict``. ``run(batch)`` makes a
+    batch's output (default ``model(**batch)``), for a model whose inference is not its training ``forward``.
     """
     from .tokenization import length_batches, pad_batch
 
@@ -323,7 +325,7 @@ def forward_batches(model: "EncoderWithHeads", features: list[dict], batch_size:
             batch.pop("labels", None)
             batch = {k: v.to(device) for k, v in batch.items()}
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                yield idx, model(**batch)
+                yield idx, model(**batch) if run is None else run(batch)
     finally:
         model.train(was_training)
 

@@ -12,20 +12,23 @@ on the gold mixed with the KL divergence from the cross-encoder teacher's softma
 is the group's query sequence (``rank_query`` 1) followed by its candidates.
 
 ``predict`` has the cross-encoder's signature, so the loop reads with either. Chunk vectors are cached in memory by
-the chunk's words (:meth:`index` fills the cache ahead of the questions); a chunk never seen is encoded on first read.
+the chunk's words (:meth:`index` fills the cache ahead of the questions, from a :mod:`.late_vectors` store on disk
+where it holds them); a chunk never seen is encoded on first read.
 """
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .heads import DEFAULT_OPTIONS, EncoderWithHeads
+from .heads import DEFAULT_OPTIONS, EncoderWithHeads, forward_batches
+from .late_vectors import VectorStore, chunk_digest, shard_chunks, store_folder, weights_fingerprint
 from .ranker import RankerOutput, group_loss
-from .tokenization import IGNORE, length_batches, pad_batch
+from .tokenization import IGNORE
 
 NOT_A_CANDIDATE = -1e4  # the score of a group's query row in training (never above a gold)
 
@@ -34,7 +37,7 @@ class LateRankerModel(EncoderWithHeads):
     model_type = "late_ranker"
     label_names = {"rel": ["irrelevant", "relevant"]}
     # max_length: a chunk's sub-tokens; query_max_length: a query's; dim: the stored vector size per token;
-    # cache_chunks: how many chunks' vectors predict keeps (the oldest go first)
+    # cache_chunks: how many chunks' vectors are kept in memory (the least recently read go first)
     default_options = {**DEFAULT_OPTIONS, "max_length": 128, "query_max_length": 32, "dim": 128,
                        "distill_weight": 0.5, "distill_temperature": 1.0, "cache_chunks": 200_000,
                        "query_norm": 0}
@@ -42,7 +45,7 @@ class LateRankerModel(EncoderWithHeads):
     def build_heads(self, hidden: int, dropout: float) -> None:
         self.proj = nn.Linear(hidden, int(self.options["dim"]), bias=False)
         self.log_scale = nn.Parameter(torch.zeros(()))
-        self._cache: OrderedDict[tuple[str, ...], torch.Tensor] = OrderedDict()
+        self._vectors = ChunkVectors()
 
     # -- the vectors --------------------------------------------------------------------------------
     def token_vectors(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -105,35 +108,66 @@ class LateRankerModel(EncoderWithHeads):
 
         feats = self.encode_text(texts, max_length)
         out: list[torch.Tensor | None] = [None] * len(texts)
-        was_training = self.training
-        self.eval()
-        device = self.device
-        bf16 = resolve_bf16(bf16, device.type)
-        try:
-            for idx in length_batches([len(f["input_ids"]) for f in feats], batch_size):
-                batch = {k: v.to(device) for k, v in pad_batch([feats[i] for i in idx], self.tokenizer.pad_token_id).items()}
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                    vec = self.token_vectors(batch["input_ids"], batch["attention_mask"])
-                store = torch.bfloat16 if bf16 else torch.float32
-                for row, i in enumerate(idx):
-                    out[i] = vec[row, : len(feats[i]["input_ids"])].to("cpu", store)
-        finally:
-            self.train(was_training)
+        kept = torch.bfloat16 if resolve_bf16(bf16, self.device.type) else torch.float32
+        for idx, vec in forward_batches(self, feats, batch_size, bf16,
+                                        run=lambda b: self.token_vectors(b["input_ids"], b["attention_mask"])):
+            for row, i in enumerate(idx):
+                out[i] = vec[row, : len(feats[i]["input_ids"])].to("cpu", kept)
         return out  # type: ignore[return-value]
 
-    def index(self, chunks: list[list[str]] | list[tuple[str, ...]], batch_size: int = 32, bf16: bool = False,
-              max_length: int | None = None) -> int:
-        """Encode the chunks not cached yet (index time). Returns how many were encoded."""
-        keys = list(OrderedDict.fromkeys(tuple(c) for c in chunks if tuple(c) not in self._cache))
+    def vector_variant(self, bf16: bool, max_length: int | None) -> dict:
+        """What a chunk's vectors depend on besides its words: these weights (as they run: an int8 copy's are its
+        own), the stored dtype and the chunk length. The key of their folder in a :class:`~.late_vectors.VectorStore`."""
+        from ..hardware import resolve_bf16
+
+        if self._vectors.weights is None:
+            self._vectors.weights = weights_fingerprint(self)
+        return {"weights": self._vectors.weights, "dim": int(self.options["dim"]),
+                "dtype": "bf16" if resolve_bf16(bf16, self.device.type) else "fp32",
+                "max_length": int(max_length or self.max_length)}
+
+    def vector_store(self, root: str | Path, bf16: bool, max_length: int | None) -> VectorStore:
+        """This model's store of chunk vectors under ``root`` (one folder per :meth:`vector_variant`)."""
+        variant = self.vector_variant(bf16, max_length)
+        return VectorStore(store_folder(root, variant), variant)
+
+    def _encode_chunks(self, keys: list[tuple[str, ...]], batch_size: int, bf16: bool, max_length: int | None,
+                       store: VectorStore | None = None, progress=None) -> dict[tuple[str, ...], torch.Tensor]:
+        """Encode ``keys`` in parts of :data:`~.late_vectors.SHARD_CHUNKS`, each part cached and (with ``store``)
+        written as a shard before the next. Returns every vector made (the cache may not hold them all)."""
+        made: dict[tuple[str, ...], torch.Tensor] = {}
         limit = int(self.options["cache_chunks"])
-        for i in range(0, len(keys), 4096):
-            part = keys[i: i + 4096]
-            for key, vec in zip(part, self._encode_all([" ".join(k) for k in part], max_length or self.max_length,
-                                                       batch_size, bf16)):
-                self._cache[key] = vec
-            while len(self._cache) > limit:
-                self._cache.popitem(last=False)
-        return len(keys)
+        step = shard_chunks()
+        for i in range(0, len(keys), step):
+            part = keys[i: i + step]
+            vecs = self._encode_all([" ".join(k) for k in part], max_length or self.max_length, batch_size, bf16)
+            if store is not None:
+                store.add([chunk_digest(k) for k in part], vecs)
+            for key, vec in zip(part, vecs):
+                made[key] = vec
+                self._vectors.put(key, vec, limit)
+            if progress is not None:
+                progress(len(part))
+        return made
+
+    def index(self, chunks: list[list[str]] | list[tuple[str, ...]], batch_size: int = 32, bf16: bool = False,
+              max_length: int | None = None, store: VectorStore | None = None, progress=None) -> dict[str, int]:
+        """Have the vectors of every chunk not cached yet (index time): from ``store`` where it holds them, else
+        encoded (and added to ``store``). ``progress(n)`` is called as each part of n chunks is done. Returns how
+        many were ``loaded`` and how many ``encoded``."""
+        keys = list(OrderedDict.fromkeys(tuple(c) for c in chunks if tuple(c) not in self._vectors))
+        loaded = 0
+        if store is not None and keys:
+            by_digest = {chunk_digest(k): k for k in keys}
+            limit = int(self.options["cache_chunks"])
+            for d, vec in store.load(by_digest).items():
+                self._vectors.put(by_digest[d], vec, limit)
+                loaded += 1
+            if progress is not None and loaded:
+                progress(loaded)
+            keys = [k for k in keys if k not in self._vectors]
+        self._encode_chunks(keys, batch_size, bf16, max_length, store, progress)
+        return {"loaded": loaded, "encoded": len(keys)}
 
     @torch.inference_mode()
     def predict(self, queries: list[str], chunks: list[list[str]], batch_size: int = 32,
@@ -143,14 +177,10 @@ class LateRankerModel(EncoderWithHeads):
         if len(queries) != len(chunks):
             raise ValueError(f"{len(queries)} queries for {len(chunks)} chunks")
         keys = [tuple(c) for c in chunks]
-        missing = [k for k in OrderedDict.fromkeys(keys) if k not in self._cache]
-        if missing:
-            self.index(missing, batch_size, bf16, max_length)
-        chunk_vecs = {k: self._cache[k] if k in self._cache else None for k in OrderedDict.fromkeys(keys)}
-        if any(v is None for v in chunk_vecs.values()):  # more new chunks in one call than the cache holds
-            fresh = [k for k, v in chunk_vecs.items() if v is None]
-            chunk_vecs.update(zip(fresh, self._encode_all([" ".join(k) for k in fresh], max_length or self.max_length,
-                                                          batch_size, bf16)))
+        chunk_vecs = {k: self._vectors.get(k) for k in OrderedDict.fromkeys(keys)}
+        missing = [k for k, v in chunk_vecs.items() if v is None]
+        if missing:  # encoded here and returned: one call may hold more new chunks than the cache keeps
+            chunk_vecs.update(self._encode_chunks(missing, batch_size, bf16, max_length))
         uniq = list(OrderedDict.fromkeys(queries))
         qvecs = dict(zip(uniq, self._encode_all(uniq, int(self.options["query_max_length"]), batch_size, bf16)))
         by_query: dict[str, list[int]] = {}
@@ -171,3 +201,41 @@ class LateRankerModel(EncoderWithHeads):
             for j, i in enumerate(rows):
                 scores[i] = values[j]
         return scores
+
+
+class ChunkVectors:
+    """A late ranker's in-memory chunk vectors: chunk words -> [T, dim], the least recently read dropped first past
+    a limit; and the fingerprint of the weights that made them (:meth:`LateRankerModel.vector_variant`). A copy of
+    the model (``copy.deepcopy``, as :func:`~effrag.pipelines.efficientrag.models.int8_copy` makes) starts empty:
+    the vectors belong to the encoder that computed them, and copying a corpus's worth would double the memory."""
+
+    def __init__(self):
+        self._d: OrderedDict[tuple[str, ...], torch.Tensor] = OrderedDict()
+        self.weights: str | None = None
+
+    def __deepcopy__(self, memo) -> "ChunkVectors":
+        return ChunkVectors()
+
+    def __contains__(self, key) -> bool:
+        return key in self._d
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __iter__(self):
+        return iter(self._d)
+
+    def clear(self) -> None:
+        self._d.clear()
+
+    def get(self, key: tuple[str, ...]) -> torch.Tensor | None:
+        vec = self._d.get(key)
+        if vec is not None:
+            self._d.move_to_end(key)
+        return vec
+
+    def put(self, key: tuple[str, ...], vec: torch.Tensor, limit: int) -> None:
+        self._d[key] = vec
+        self._d.move_to_end(key)
+        while len(self._d) > limit:
+            self._d.popitem(last=False)

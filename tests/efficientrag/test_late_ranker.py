@@ -46,7 +46,7 @@ def test_a_pair_scores_the_maxsim_of_the_query_and_chunk_encoded_apart(late, hot
         cv = _vectors(late, " ".join(words), 48)
         expected = (qv @ cv.T).max(1).values.sum() * math.exp(0.5)
         assert score == pytest.approx(float(expected), abs=1e-4)
-    late._cache.clear()
+    late._vectors.clear()
     assert late.predict([q.question], chunks[3:4]) == pytest.approx(scores[3:4], abs=1e-5)  # batch mates change nothing
     with pytest.raises(ValueError, match="2 queries for 1 chunks"):
         late.predict([q.question] * 2, chunks[:1])
@@ -73,16 +73,17 @@ def test_each_chunk_is_encoded_once_and_index_reads_them_ahead(late, hotpot):
     hook = late.encoder.register_forward_hook(lambda m, args, kw, out: rows.append(kw["input_ids"].shape[0]),
                                               with_kwargs=True)
     try:
-        late._cache.clear()
+        late._vectors.clear()
         chunks = [p.text.split() for q in hotpot[:3] for p in q.contexts[:4]]
-        assert late.index(chunks, batch_size=5) == len({tuple(c) for c in chunks}) == 12 and sum(rows) == 12
+        assert late.index(chunks, batch_size=5) == {"loaded": 0, "encoded": 12} and sum(rows) == 12
+        assert len({tuple(c) for c in chunks}) == 12
         rows.clear()
         questions = [hotpot[0].question, hotpot[1].question]
         first = late.predict([questions[i % 2] for i in range(12)], chunks)
         assert sum(rows) == 2  # only the two queries: every chunk came from the index
         rows.clear()
         assert late.predict([questions[i % 2] for i in range(12)], chunks) == first and sum(rows) == 2
-        late._cache.clear()
+        late._vectors.clear()
         rows.clear()
         assert late.predict([questions[i % 2] for i in range(12)], chunks) == pytest.approx(first, abs=1e-5)
         assert sum(rows) == 2 + 12  # unindexed: each chunk is encoded on its first read, once
@@ -91,18 +92,21 @@ def test_each_chunk_is_encoded_once_and_index_reads_them_ahead(late, hotpot):
 
 
 def test_the_cache_keeps_at_most_cache_chunks(late, hotpot):
-    late._cache.clear()
+    late._vectors.clear()
     limit = late.options["cache_chunks"]
     late.options["cache_chunks"] = 3
     try:
         chunks = [p.text.split() for p in hotpot[0].contexts[:6]]
         scores = late.predict([hotpot[0].question] * 6, chunks)
-        assert len(late._cache) == 3 and list(late._cache) == [tuple(c) for c in chunks[3:]]  # the newest kept
-        late._cache.clear()
+        assert len(late._vectors) == 3 and list(late._vectors) == [tuple(c) for c in chunks[3:]]  # the newest kept
+        late.predict([hotpot[0].question], chunks[3:4])  # read again: now the most recently read
+        late.predict([hotpot[0].question], chunks[0:1])  # a new chunk drops the least recently read (chunks[4])
+        assert list(late._vectors) == [tuple(c) for c in (chunks[5], chunks[3], chunks[0])]
+        late._vectors.clear()
         assert late.predict([hotpot[0].question] * 6, chunks) == pytest.approx(scores, abs=1e-5)
     finally:
         late.options["cache_chunks"] = limit
-        late._cache.clear()
+        late._vectors.clear()
 
 
 def test_a_saved_late_ranker_loads_by_type_and_the_loop_reads_with_it(late, hotpot, tiny_efficientrag_dirs, tmp_path):
@@ -127,10 +131,10 @@ def test_a_saved_late_ranker_loads_by_type_and_the_loop_reads_with_it(late, hotp
     questions = [q.question for q in hotpot[:4]]
     cold = EfficientRAGLoop(lab, fil, retriever, config, ranker=rank).run(questions)
     assert all(c.rank_score is not None for r in cold for c in r.chunks)
-    rank._cache.clear()
+    rank._vectors.clear()
     loop = EfficientRAGLoop(lab, fil, retriever, config, ranker=rank)
     prepared = loop.prepare()
-    assert prepared["passages"] == len(retriever.corpus) == len(rank._cache)  # the whole corpus read at index time
+    assert prepared["passages"] == len(retriever.corpus) == len(rank._vectors)  # the whole corpus read at index time
     warm = loop.run(questions)
     for a, b in zip(cold, warm):
         assert [c.id for c in a.chunks] == [c.id for c in b.chunks]

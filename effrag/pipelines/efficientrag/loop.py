@@ -29,6 +29,7 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 from effrag.text import chunk_text, filter_input_words, join_words, words, words_batch
@@ -312,12 +313,15 @@ class EfficientRAGLoop:
                 out[i] = list(h)
         return out
 
-    def prepare(self, passages: Sequence[Any] | None = None, batch_size: int = 1024) -> dict[str, float]:
+    def prepare(self, passages: Sequence[Any] | None = None, batch_size: int = 1024,
+                vector_store: str | Path | None = None) -> dict[str, float]:
         """Split and tokenise the chunks of ``passages`` (default: the retriever's ``corpus``) before any question:
         the index-time half of reading, so the questions' reads cost only the models (the words the Labeler labels
-        and the sub-tokens of the pair models, :mod:`effrag.models.pair_encoding`). Up to
-        :data:`PREPARED_CHUNKS` passages (a retriever's corpus larger than that is left to the questions); without a
-        corpus it does nothing. Returns the passages prepared and the seconds it took."""
+        and the sub-tokens of the pair models, :mod:`effrag.models.pair_encoding`). A late-interaction ranker's
+        chunk vectors are made here too: loaded from ``vector_store`` (a folder, :mod:`effrag.models.late_vectors`)
+        where it holds them, else encoded and added to it. Up to :data:`PREPARED_CHUNKS` passages (a retriever's
+        corpus larger than that is left to the questions); without a corpus it does nothing. Returns the passages
+        prepared, the seconds it took and the chunk vectors ``vectors_loaded`` and ``vectors_encoded``."""
         t0 = time.perf_counter()
         if passages is None:
             passages = getattr(self.retriever, "corpus", None)
@@ -328,14 +332,27 @@ class EfficientRAGLoop:
 
         encoders = {id(e): e for m in (self.labeler, self.ranker) if getattr(m, "tokenizer", None) is not None
                     for e in [pair_encoder(m.tokenizer)] if e.fast}
+        words: list[tuple[str, ...]] = []
         for i in range(0, len(passages), batch_size):
             ws = self._chunk_words(passages[i: i + batch_size])
             for e in encoders.values():
                 e.chunk_tokens(ws)
-            if hasattr(self.ranker, "index"):  # a late-interaction ranker: each chunk's vectors, read once here
-                self.ranker.index(ws, batch_size=self.config.batch_size, bf16=self.config.bf16,
-                                  max_length=self.config.ranker_max_length)
-        return {"passages": len(passages), "seconds": time.perf_counter() - t0}
+            words.extend(ws)
+        out = {"passages": len(passages), "vectors_loaded": 0, "vectors_encoded": 0}
+        # a late-interaction ranker: each chunk's vectors, read once here by the model the questions read with
+        # (its int8 copy with config.int8)
+        rank = self._model(self.ranker) if self.ranker is not None else None
+        if words and hasattr(rank, "index"):
+            cfg = self.config
+            store = None if vector_store is None else rank.vector_store(vector_store, cfg.bf16, cfg.ranker_max_length)
+            from tqdm.auto import tqdm
+
+            with tqdm(total=len(words), desc="late-interaction chunk vectors", unit="chunk", mininterval=5,
+                      disable=len(words) < 2048, leave=False) as bar:
+                made = rank.index(words, batch_size=cfg.batch_size, bf16=cfg.bf16, max_length=cfg.ranker_max_length,
+                                  store=store, progress=bar.update)
+            out.update(vectors_loaded=made["loaded"], vectors_encoded=made["encoded"])
+        return {**out, "seconds": time.perf_counter() - t0}
 
     def _chunk_words(self, hits: list[Any]) -> list[tuple[str, ...]]:
         fmt = self.config.chunk_format  # part of the key: a request (or rag.config) may read chunks as text only

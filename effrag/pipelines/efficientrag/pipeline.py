@@ -52,7 +52,7 @@ class EfficientRAGPipeline(Pipeline):
     def __init__(self, retriever, labeler=None, filter=None, config=None, generator=None,
                  k: int | None = None, er_config: str | None = None, er_batch_size: int | None = None,
                  er_bf16: bool | None = None, ranker=None, model=None, dataset: str | None = None,
-                 prepare: bool = True, **options: Any):
+                 prepare: bool = True, vector_store: str | Path | bool | None = None, **options: Any):
         named = ranker is not None
         labeler, filter, ranker, config = self._resolve(model, labeler, filter, ranker, config or er_config, dataset)
         # which loop config file ran (None: options given in code), for a front end to say so
@@ -67,12 +67,21 @@ class EfficientRAGPipeline(Pipeline):
                                      ranker=models[2] if ranker is not None else None)
         # the retriever's corpus split and tokenised once, as an index is built: each question's reads then cost only
         # the models (EfficientRAGLoop.prepare; prepare=False leaves it to the first questions that read a chunk)
-        self.prepared = self.loop.prepare() if prepare else {"passages": 0, "seconds": 0.0}
+        # A late-interaction ranker's chunk vectors are kept on disk (vector_store: a folder; None: the default one,
+        # effrag.models.late_vectors; False: none), so a corpus is encoded at its first opening only
+        if vector_store is None:
+            from effrag.models.late_vectors import default_root
+
+            vector_store = default_root()
+        self.prepared = (self.loop.prepare(vector_store=vector_store or None) if prepare
+                         else {"passages": 0, "seconds": 0.0})
         if self.prepared["passages"]:
             import logging
 
-            logging.getLogger(__name__).info("prepared %d chunks in %.1f s", self.prepared["passages"],
-                                             self.prepared["seconds"])
+            logging.getLogger(__name__).info(
+                "prepared %d chunks in %.1f s (late-interaction vectors: %d loaded, %d encoded)",
+                self.prepared["passages"], self.prepared["seconds"], self.prepared.get("vectors_loaded", 0),
+                self.prepared.get("vectors_encoded", 0))
         self.generator = generator
         self._generators: dict[tuple, Generator] = {}
 

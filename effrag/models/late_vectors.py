@@ -1,0 +1,166 @@
+"""A late-interaction ranker's chunk vectors on disk, so a corpus is encoded once, not at every opening.
+
+Why: :meth:`~.late_ranker.LateRankerModel.index` reads every chunk of a corpus with the encoder when a system opens
+it (about 85 s per 8k chunks on 2 CPU cores, and ``effrag retrieve`` opens the system at each call). The vectors
+depend only on the chunk's words and on the model that read them, so they are kept in a content-addressed store:
+
+- a folder per model variant: the weights' fingerprint, the stored dtype, the chunk length and whether the reads run
+  int8 (:func:`store_folder`), under ``$EFFRAG_CACHE_DIR`` or ``~/.cache/effrag``, ``late-vectors/``;
+- in it, shards of at most :data:`SHARD_CHUNKS` chunks (``vectors-<hash of their digests>.safetensors``), each written
+  whole and renamed, so a killed index keeps every finished shard and the next opening encodes only the rest (two
+  processes indexing at once write distinct or identical shards, never a mixed one);
+- a shard holds ``digests`` [n, 16] (BLAKE2b-128 of the chunk's words joined by U+001F), ``offsets`` [n + 1] and
+  ``vectors`` [tokens, dim], and in its metadata the variant and the SHA-256 of the three tensors' bytes.
+
+A shard whose checks fail (truncated, bytes changed, another variant) is named in a warning and removed, and its
+chunks are encoded again: never read as if it were right. A store that cannot be written (a read-only home, a full
+disk) is named in one warning, and the vectors serve the process only. Nothing is unpickled. Vectors are stored
+exactly as computed (bf16 or fp32), so a loaded chunk scores as a freshly encoded one.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+
+FORMAT = "effrag-late-vectors/1"
+SHARD_CHUNKS = 4096
+DIGEST_BYTES = 16
+_log = logging.getLogger(__name__)
+
+
+def chunk_digest(words: Sequence[str]) -> bytes:
+    """The key of a chunk's vectors: BLAKE2b-128 of its words joined by U+001F."""
+    return hashlib.blake2b("\x1f".join(words).encode("utf-8"), digest_size=DIGEST_BYTES).digest()
+
+
+def shard_chunks() -> int:
+    """Chunks per shard: :data:`SHARD_CHUNKS`, read at each call (a test makes shards small)."""
+    return SHARD_CHUNKS
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """SHA-256 (16 hex digits) of a model's parameters and buffers, by name, as they are in memory (an int8 copy's
+    packed weights by their int8 values and scales)."""
+    h = hashlib.sha256()
+
+    def tensors(value):
+        if isinstance(value, torch.Tensor):
+            yield value.dequantize() if value.is_quantized else value
+        elif isinstance(value, (tuple, list)):
+            for v in value:
+                yield from tensors(v)
+
+    for name, value in sorted(model.state_dict().items()):
+        h.update(f"{name};".encode())
+        for t in tensors(value):
+            t = t.detach().cpu().contiguous()
+            h.update(f"{t.dtype}:{tuple(t.shape)};".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def default_root() -> Path:
+    """``$EFFRAG_CACHE_DIR/late-vectors``, else ``~/.cache/effrag/late-vectors``."""
+    from effrag.llm.cache import cache_root
+
+    return cache_root() / "late-vectors"
+
+
+def store_folder(root: str | Path, variant: dict) -> Path:
+    """The folder of one model variant's vectors (``variant``: fingerprint, dtype, max_length, int8)."""
+    key = hashlib.sha256(json.dumps(variant, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(root) / key
+
+
+def _tensor_hash(*tensors: torch.Tensor) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+class VectorStore:
+    """The shards of one model variant's chunk vectors (see the module's docstring)."""
+
+    def __init__(self, folder: str | Path, variant: dict):
+        self.folder = Path(folder)
+        self.variant = {k: variant[k] for k in sorted(variant)}
+        self.unwritable: str | None = None  # why a write failed (then no more are tried)
+
+    def _shards(self) -> list[Path]:
+        return sorted(self.folder.glob("vectors-*.safetensors")) if self.folder.is_dir() else []
+
+    def _refuse(self, path: Path, why: str) -> None:
+        _log.warning("late-interaction vectors %s: %s; removed, its chunks will be encoded again", path, why)
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+    def load(self, digests: Iterable[bytes]) -> dict[bytes, torch.Tensor]:
+        """The stored vectors [T, dim] of each of ``digests`` found in a shard that passes its checks."""
+        from safetensors import SafetensorError, safe_open
+
+        wanted = set(digests)
+        found: dict[bytes, torch.Tensor] = {}
+        for path in self._shards():
+            if not wanted - found.keys():
+                break
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    meta = f.metadata() or {}
+                    digs, offs, vecs = (f.get_tensor(n) for n in ("digests", "offsets", "vectors"))
+            except (SafetensorError, OSError, RuntimeError, ValueError) as e:
+                self._refuse(path, f"unreadable ({str(e)[:120]})")
+                continue
+            if meta.get("format") != FORMAT or meta.get("variant") != json.dumps(self.variant, sort_keys=True):
+                self._refuse(path, "written by another model variant or format")
+                continue
+            if meta.get("sha256") != _tensor_hash(digs, offs, vecs):
+                self._refuse(path, "its bytes do not match the SHA-256 recorded when it was written")
+                continue
+            if offs.ndim != 1 or len(offs) != len(digs) + 1 or int(offs[-1]) != len(vecs):
+                self._refuse(path, "its offsets do not match its vectors")
+                continue
+            rows = digs.numpy()
+            bounds = offs.tolist()
+            for i in range(len(rows)):
+                d = rows[i].tobytes()
+                if d in wanted and d not in found:
+                    found[d] = vecs[bounds[i]: bounds[i + 1]].clone()
+        return found
+
+    def add(self, digests: Sequence[bytes], vectors: Sequence[torch.Tensor]) -> Path | None:
+        """Write one shard of ``vectors`` (each [T, dim]) keyed by ``digests``; returns its path (None if empty).
+        Written to a temporary name and renamed: a kill leaves no partial shard."""
+        from safetensors.torch import save_file
+
+        if not digests or self.unwritable:
+            return None
+        digs = torch.frombuffer(bytearray(b"".join(digests)), dtype=torch.uint8).reshape(len(digests), DIGEST_BYTES)
+        offs = torch.tensor([0] + [len(v) for v in vectors], dtype=torch.int64).cumsum(0)
+        vecs = torch.cat([v.cpu() for v in vectors]).contiguous()
+        meta = {"format": FORMAT, "variant": json.dumps(self.variant, sort_keys=True),
+                "sha256": _tensor_hash(digs, offs, vecs)}
+        path = self.folder / f"vectors-{hashlib.sha256(digs.numpy().tobytes()).hexdigest()[:16]}.safetensors"
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            save_file({"digests": digs, "offsets": offs, "vectors": vecs}, str(tmp), metadata=meta)
+            os.replace(tmp, path)
+        except (OSError, RuntimeError) as e:  # a read-only home, a full disk: the vectors serve this process only
+            self.unwritable = f"{type(e).__name__}: {e}"
+            _log.warning("late-interaction vectors: cannot write to %s (%s); this corpus will be encoded again at its "
+                         "next opening (set EFFRAG_CACHE_DIR to a writable folder)", self.folder, self.unwritable)
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            return None
+        return path

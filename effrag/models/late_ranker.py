@@ -117,11 +117,16 @@ class LateRankerModel(EncoderWithHeads):
 
     def vector_variant(self, bf16: bool, max_length: int | None) -> dict:
         """What a chunk's vectors depend on besides its words: these weights (as they run: an int8 copy's are its
-        own), the stored dtype and the chunk length. The key of their folder in a :class:`~.late_vectors.VectorStore`."""
+        own) and tokenizer, the stored dtype and the chunk length. The key of their folder in a
+        :class:`~.late_vectors.VectorStore`."""
         from ..hardware import resolve_bf16
 
-        if self._vectors.weights is None:
-            self._vectors.weights = weights_fingerprint(self)
+        if self._vectors.weights is None:  # the tokenizer too: the same weights under another vocabulary read apart
+            import hashlib
+
+            vocab = hashlib.sha256(self.tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:16] \
+                if getattr(self.tokenizer, "is_fast", False) else type(self.tokenizer).__name__
+            self._vectors.weights = f"{weights_fingerprint(self)}-{vocab}"
         return {"weights": self._vectors.weights, "dim": int(self.options["dim"]),
                 "dtype": "bf16" if resolve_bf16(bf16, self.device.type) else "fp32",
                 "max_length": int(max_length or self.max_length)}
@@ -131,18 +136,30 @@ class LateRankerModel(EncoderWithHeads):
         variant = self.vector_variant(bf16, max_length)
         return VectorStore(store_folder(root, variant), variant)
 
-    def _encode_chunks(self, keys: list[tuple[str, ...]], batch_size: int, bf16: bool, max_length: int | None,
-                       store: VectorStore | None = None, progress=None) -> dict[tuple[str, ...], torch.Tensor]:
-        """Encode ``keys`` in parts of :data:`~.late_vectors.SHARD_CHUNKS`, each part cached and (with ``store``)
-        written as a shard before the next. Returns every vector made (the cache may not hold them all)."""
-        made: dict[tuple[str, ...], torch.Tensor] = {}
+    def _read_as(self, max_length: int | None, bf16: bool) -> tuple[int, bool]:
+        """The length and dtype a chunk's vectors are made at, the first part of its key in memory (a call that reads
+        at another ``max_length`` or precision never gets vectors made for another)."""
+        from ..hardware import resolve_bf16
+
+        return int(max_length or self.max_length), resolve_bf16(bf16, self.device.type)
+
+    def vectors_of(self, words, max_length: int | None = None, bf16: bool = False) -> torch.Tensor | None:
+        """The vectors [T, dim] held in memory for a chunk read at ``max_length`` and ``bf16``, else None."""
+        return self._vectors.get((*self._read_as(max_length, bf16), tuple(words)))
+
+    def _encode_chunks(self, keys: list[tuple], batch_size: int, bf16: bool, max_length: int | None,
+                       store: VectorStore | None = None, progress=None) -> dict[tuple, torch.Tensor]:
+        """Encode the chunks of ``keys`` (:meth:`_read_as` + words) in parts of
+        :data:`~.late_vectors.SHARD_CHUNKS`, each part cached and (with ``store``) written as a shard before the next.
+        Returns every vector made (the cache may not hold them all)."""
+        made: dict[tuple, torch.Tensor] = {}
         limit = int(self.options["cache_chunks"])
         step = shard_chunks()
         for i in range(0, len(keys), step):
             part = keys[i: i + step]
-            vecs = self._encode_all([" ".join(k) for k in part], max_length or self.max_length, batch_size, bf16)
+            vecs = self._encode_all([" ".join(k[-1]) for k in part], max_length or self.max_length, batch_size, bf16)
             if store is not None:
-                store.add([chunk_digest(k) for k in part], vecs)
+                store.add([chunk_digest(k[-1]) for k in part], vecs)
             for key, vec in zip(part, vecs):
                 made[key] = vec
                 self._vectors.put(key, vec, limit)
@@ -155,10 +172,11 @@ class LateRankerModel(EncoderWithHeads):
         """Have the vectors of every chunk not cached yet (index time): from ``store`` where it holds them, else
         encoded (and added to ``store``). ``progress(n)`` is called as each part of n chunks is done. Returns how
         many were ``loaded`` and how many ``encoded``."""
-        keys = list(OrderedDict.fromkeys(tuple(c) for c in chunks if tuple(c) not in self._vectors))
+        length, b16 = self._read_as(max_length, bf16)
+        keys = [k for k in OrderedDict.fromkeys((length, b16, tuple(c)) for c in chunks) if k not in self._vectors]
         loaded = 0
         if store is not None and keys:
-            by_digest = {chunk_digest(k): k for k in keys}
+            by_digest = {chunk_digest(k[-1]): k for k in keys}
             limit = int(self.options["cache_chunks"])
             for d, vec in store.load(by_digest).items():
                 self._vectors.put(by_digest[d], vec, limit)
@@ -173,10 +191,11 @@ class LateRankerModel(EncoderWithHeads):
     def predict(self, queries: list[str], chunks: list[list[str]], batch_size: int = 32,
                 max_length: int | None = None, bf16: bool = False) -> list[float]:
         """The score of each (query, chunk word list) pair: the query is encoded once, each chunk once per cache
-        life (``max_length`` cuts chunks encoded by this call; cached ones keep their length)."""
+        life (at ``max_length`` sub-tokens, default the model's)."""
         if len(queries) != len(chunks):
             raise ValueError(f"{len(queries)} queries for {len(chunks)} chunks")
-        keys = [tuple(c) for c in chunks]
+        length, b16 = self._read_as(max_length, bf16)
+        keys = [(length, b16, tuple(c)) for c in chunks]
         chunk_vecs = {k: self._vectors.get(k) for k in OrderedDict.fromkeys(keys)}
         missing = [k for k, v in chunk_vecs.items() if v is None]
         if missing:  # encoded here and returned: one call may hold more new chunks than the cache keeps
@@ -204,13 +223,14 @@ class LateRankerModel(EncoderWithHeads):
 
 
 class ChunkVectors:
-    """A late ranker's in-memory chunk vectors: chunk words -> [T, dim], the least recently read dropped first past
-    a limit; and the fingerprint of the weights that made them (:meth:`LateRankerModel.vector_variant`). A copy of
-    the model (``copy.deepcopy``, as :func:`~effrag.pipelines.efficientrag.models.int8_copy` makes) starts empty:
-    the vectors belong to the encoder that computed them, and copying a corpus's worth would double the memory."""
+    """A late ranker's in-memory chunk vectors: (length, bf16, chunk words) -> [T, dim], the least recently read
+    dropped first past a limit; and the fingerprint of the weights that made them
+    (:meth:`LateRankerModel.vector_variant`). A copy of the model (``copy.deepcopy``, as
+    :func:`~effrag.pipelines.efficientrag.models.int8_copy` makes) starts empty: the vectors belong to the encoder
+    that computed them, and copying a corpus's worth would double the memory."""
 
     def __init__(self):
-        self._d: OrderedDict[tuple[str, ...], torch.Tensor] = OrderedDict()
+        self._d: OrderedDict[tuple, torch.Tensor] = OrderedDict()
         self.weights: str | None = None
 
     def __deepcopy__(self, memo) -> "ChunkVectors":
@@ -228,13 +248,13 @@ class ChunkVectors:
     def clear(self) -> None:
         self._d.clear()
 
-    def get(self, key: tuple[str, ...]) -> torch.Tensor | None:
+    def get(self, key: tuple) -> torch.Tensor | None:
         vec = self._d.get(key)
         if vec is not None:
             self._d.move_to_end(key)
         return vec
 
-    def put(self, key: tuple[str, ...], vec: torch.Tensor, limit: int) -> None:
+    def put(self, key: tuple, vec: torch.Tensor, limit: int) -> None:
         self._d[key] = vec
         self._d.move_to_end(key)
         while len(self._d) > limit:

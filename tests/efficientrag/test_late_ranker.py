@@ -91,6 +91,25 @@ def test_each_chunk_is_encoded_once_and_index_reads_them_ahead(late, hotpot):
         hook.remove()
 
 
+def test_a_read_at_another_length_or_precision_never_gets_vectors_made_for_another(late, hotpot):
+    """The cache keys a chunk by its words and the length and dtype its vectors were made at: a request that reads
+    at 8 sub-tokens, or in bf16, scores as a cold model would, whatever was read before."""
+    late._vectors.clear()
+    q, chunks = hotpot[1].question, [p.text.split() for p in hotpot[1].contexts[:3]]
+    full = late.predict([q] * 3, chunks)
+    short = late.predict([q] * 3, chunks, max_length=8)
+    brain = late.predict([q] * 3, chunks, bf16=True)
+    from effrag.hardware import resolve_bf16
+
+    # a CPU without fast bf16 reads bf16=True in fp32 (effrag.hardware): the same vectors, one key
+    assert len(late._vectors) == (9 if resolve_bf16(True, "cpu") else 6) and short != full
+    late._vectors.clear()
+    assert late.predict([q] * 3, chunks, max_length=8) == short
+    late._vectors.clear()
+    assert late.predict([q] * 3, chunks, bf16=True) == brain
+    late._vectors.clear()
+
+
 def test_the_cache_keeps_at_most_cache_chunks(late, hotpot):
     late._vectors.clear()
     limit = late.options["cache_chunks"]
@@ -98,10 +117,10 @@ def test_the_cache_keeps_at_most_cache_chunks(late, hotpot):
     try:
         chunks = [p.text.split() for p in hotpot[0].contexts[:6]]
         scores = late.predict([hotpot[0].question] * 6, chunks)
-        assert len(late._vectors) == 3 and list(late._vectors) == [tuple(c) for c in chunks[3:]]  # the newest kept
+        assert len(late._vectors) == 3 and [k[-1] for k in late._vectors] == [tuple(c) for c in chunks[3:]]  # the newest kept
         late.predict([hotpot[0].question], chunks[3:4])  # read again: now the most recently read
         late.predict([hotpot[0].question], chunks[0:1])  # a new chunk drops the least recently read (chunks[4])
-        assert list(late._vectors) == [tuple(c) for c in (chunks[5], chunks[3], chunks[0])]
+        assert [k[-1] for k in late._vectors] == [tuple(c) for c in (chunks[5], chunks[3], chunks[0])]
         late._vectors.clear()
         assert late.predict([hotpot[0].question] * 6, chunks) == pytest.approx(scores, abs=1e-5)
     finally:

@@ -60,7 +60,7 @@ def test_a_second_opening_loads_every_vector_and_scores_exactly_as_encoding(save
         assert store2.folder == store.folder
         assert again.index(chunks, batch_size=4, store=store2) == {"loaded": 30, "encoded": 0} and rows == []
         for key in chunks:
-            assert torch.equal(again._vectors.get(key), first._vectors.get(key))
+            assert torch.equal(again.vectors_of(key), first.vectors_of(key))
         assert again.predict(q, list(chunks)) == expected  # exactly: the vectors are stored as computed
         assert sum(rows) == 1  # the query only
     finally:
@@ -97,7 +97,7 @@ def test_a_damaged_shard_is_refused_by_name_and_its_chunks_encoded_again(saved_l
     assert victim.name in caplog.text and "encoded again" in caplog.text
     assert made["encoded"] > 0 and made["loaded"] + made["encoded"] == len(set(chunks))
     for key in chunks:  # every vector right: the damaged shard's chunks were encoded again, not read
-        assert torch.equal(fresh._vectors.get(key), model._vectors.get(key))
+        assert torch.equal(fresh.vectors_of(key), model.vectors_of(key))
     # and the store is whole again: a third opening loads all
     third = load_model(saved_late).eval()
     assert third.index(chunks, store=third.vector_store(tmp_path, bf16=False, max_length=None))["encoded"] == 0
@@ -169,6 +169,9 @@ def test_the_pipeline_encodes_a_corpus_at_its_first_opening_only(saved_late, tin
     again = opened()
     assert again.prepared["vectors_loaded"] == first.prepared["vectors_encoded"]
     assert again.prepared["vectors_encoded"] == 0
+    api = EfficientRAGPipeline.from_pretrained(d["labeler"], d["filter"], retriever=retriever, ranker=saved_late,
+                                               config=config, vector_store=tmp_path / "store")  # EfficientRAG's API
+    assert api.prepared["vectors_loaded"] == first.prepared["vectors_encoded"]
     texts = [q.question for q in questions[:4]]
     for a, b in zip(first.loop.run(texts), again.loop.run(texts)):
         assert [c.id for c in a.chunks] == [c.id for c in b.chunks]

@@ -90,7 +90,7 @@ class EfficientRAGPipeline(Pipeline):
                         retriever: Any = None, *, corpus: Any = None,
                         config: EfficientRAGConfig | dict | str | None = None, dataset: str | None = None,
                         ranker: str | Path | None = None, generator: Any = None,
-                        **options: Any) -> "EfficientRAGPipeline":
+                        vector_store: str | Path | bool | None = None, **options: Any) -> "EfficientRAGPipeline":
         """A trained system: ``model`` is a system folder or a shipped name (``labeler/``, ``filter/``, ``[ranker/]``,
         ``loop.json``; :mod:`.system`), or, with ``filter_dir``, a Labeler checkpoint.
 
@@ -98,7 +98,8 @@ class EfficientRAGPipeline(Pipeline):
         ``loop.json``. ``retriever`` is a search object, an index folder, a function, or a kind (``"bm25"``,
         ``"dense"``, ``"hybrid"``) to build over ``corpus``; left out, the kind the loop config was tuned for is
         built over ``corpus`` (:class:`effrag.setup.RunSetup`). ``options`` are :class:`EfficientRAGConfig`
-        fields (``tag_threshold=``, ...).
+        fields (``tag_threshold=``, ...). ``vector_store``: where a late-interaction ranker's chunk vectors are kept
+        (a folder; None: ``$EFFRAG_CACHE_DIR/late-vectors``; False: nowhere, encoded at every opening).
         """
         from effrag.setup import RETRIEVER_KINDS, RunSetup, as_retriever
 
@@ -120,7 +121,7 @@ class EfficientRAGPipeline(Pipeline):
         if cfg.pool_order != "rank" and cfg.labeler_top is None:
             ranker = None  # a system's ranker only reads when the config ranks by it
         return cls(as_retriever(retriever, corpus), labeler=labeler_dir, filter=filter_dir, config=cfg,
-                   ranker=ranker, generator=generator)
+                   ranker=ranker, generator=generator, vector_store=vector_store)
 
     @classmethod
     def system_options(cls, model: str | None = None, config_file: str | None = None) -> dict[str, Any]:

@@ -139,7 +139,9 @@ def model_card(name: str, role: str, out_dir: Path, commands: Sequence[str], wal
     for g, m in rows:
         table.append(f"| {g} | {int(m.get('n', 0))} | " + " | ".join(f"{m.get(k, 0):.4f}" for k in keys) + " |")
     d, t = cfg["data"], cfg["train"]
-    data = [f"- train: `{d['train_file']}` ({res['train_examples']} {spec.unit} used"
+    n, epochs = res["train_examples"], float(t.get("epochs") or 1)
+    seen = f", about {round(n * epochs)} of them read in {t['epochs']} epoch" if epochs < 1 else ""
+    data = [f"- train: `{d['train_file']}` ({n} {spec.unit} loaded{seen}"
             f"{', max_train_examples=' + str(d['max_train_examples']) if d['max_train_examples'] else ''}"
             f"{'; ' + spec.data_note if spec.data_note else ''})"]
     data += [f"- eval: `{f}`" + (f" (first random {d['max_eval_examples']})" if d["max_eval_examples"] else "")

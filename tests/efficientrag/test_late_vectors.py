@@ -192,3 +192,26 @@ def test_a_store_that_cannot_be_written_warns_once_and_the_index_still_serves(sa
     plain = load_model(saved_late).eval()
     q = ["Who wrote it?"] * len(chunks)
     assert model.predict(q, list(chunks)) == plain.predict(q, list(chunks))
+
+
+def test_prepare_makes_the_vectors_at_the_length_the_loop_reads_them(saved_late, tiny_efficientrag_dirs):
+    """With labeler_max_length set and ranker_max_length not, the loop reads the ranker at the Labeler's length: the
+    vectors prepare makes are those, so no question encodes a chunk."""
+    from effrag.pipelines.efficientrag import EfficientRAGConfig, EfficientRAGLoop
+    from effrag.pipelines.efficientrag.models import load_models
+    from helpers import bm25_over
+
+    d = tiny_efficientrag_dirs
+    lab, fil, rank = load_models(d["labeler"], d["filter"], "cpu", ranker=saved_late)
+    questions = hotpot_dev(6)
+    config = EfficientRAGConfig(hop_k=4, first_hop_k=8, max_hops=2, tag_threshold=0.0, pool_source="seen",
+                                pool_order="rank", labeler_top=2, rescore_top=4, labeler_max_length=32, bf16=False)
+    loop = EfficientRAGLoop(lab, fil, bm25_over(questions), config, ranker=rank)
+    assert loop.prepare()["vectors_encoded"] > 0
+    encoded, original = [], rank._encode_chunks
+    rank._encode_chunks = lambda keys, *a, **k: encoded.append(len(keys)) or original(keys, *a, **k)
+    try:
+        results = loop.run([q.question for q in questions])
+    finally:
+        del rank._encode_chunks
+    assert encoded == [] and all(c.rank_score is not None for r in results for c in r.chunks)

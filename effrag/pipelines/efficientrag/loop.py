@@ -196,7 +196,7 @@ class EfficientRAGLoop:
         scores = self._rank.predict([query(w.state, qi) for w, qi, _ in ranked],
                                     pair_words + self._chunk_words([h for _, _, h in rescore]),
                                     batch_size=cfg.batch_size, bf16=cfg.bf16,
-                                    max_length=cfg.ranker_max_length or cfg.labeler_max_length)
+                                    max_length=self._ranker_length())
         for (w, qi, h), score in zip(rescore, scores[len(pairs):]):
             w.state.rescores[h.id] = max(float(score), w.state.rescores.get(h.id, float("-inf")))
             w.entry.setdefault("rescored", []).append({"id": h.id, "query": qi, "rank_score": round(float(score), 4)})
@@ -344,15 +344,19 @@ class EfficientRAGLoop:
         rank = self._model(self.ranker) if self.ranker is not None else None
         if words and hasattr(rank, "index"):
             cfg = self.config
-            store = None if vector_store is None else rank.vector_store(vector_store, cfg.bf16, cfg.ranker_max_length)
+            store = None if vector_store is None else rank.vector_store(vector_store, cfg.bf16, self._ranker_length())
             from tqdm.auto import tqdm
 
             with tqdm(total=len(words), desc="late-interaction chunk vectors", unit="chunk", mininterval=5,
                       disable=len(words) < 2048, leave=False) as bar:
-                made = rank.index(words, batch_size=cfg.batch_size, bf16=cfg.bf16, max_length=cfg.ranker_max_length,
+                made = rank.index(words, batch_size=cfg.batch_size, bf16=cfg.bf16, max_length=self._ranker_length(),
                                   store=store, progress=bar.update)
             out.update(vectors_loaded=made["loaded"], vectors_encoded=made["encoded"])
         return {**out, "seconds": time.perf_counter() - t0}
+
+    def _ranker_length(self) -> int | None:
+        """The ranker's input length as the loop reads with it (None: its trained one); prepare reads at the same."""
+        return self.config.ranker_max_length or self.config.labeler_max_length
 
     def _chunk_words(self, hits: list[Any]) -> list[tuple[str, ...]]:
         fmt = self.config.chunk_format  # part of the key: a request (or rag.config) may read chunks as text only

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .heads import DEFAULT_OPTIONS, EncoderWithHeads, forward_batches
-from .late_vectors import VectorStore, chunk_digest, shard_chunks, store_folder, weights_fingerprint
+from .late_vectors import VectorStore, chunk_digest, model_fingerprint, shard_chunks, store_folder
 from .ranker import RankerOutput, group_loss
 from .tokenization import IGNORE
 
@@ -119,17 +119,11 @@ class LateRankerModel(EncoderWithHeads):
         """What a chunk's vectors depend on besides its words: these weights (as they run: an int8 copy's are its
         own) and tokenizer, the stored dtype and the chunk length. The key of their folder in a
         :class:`~.late_vectors.VectorStore`."""
-        from ..hardware import resolve_bf16
-
-        if self._vectors.weights is None:  # the tokenizer too: the same weights under another vocabulary read apart
-            import hashlib
-
-            vocab = hashlib.sha256(self.tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:16] \
-                if getattr(self.tokenizer, "is_fast", False) else type(self.tokenizer).__name__
-            self._vectors.weights = f"{weights_fingerprint(self)}-{vocab}"
-        return {"weights": self._vectors.weights, "dim": int(self.options["dim"]),
-                "dtype": "bf16" if resolve_bf16(bf16, self.device.type) else "fp32",
-                "max_length": int(max_length or self.max_length)}
+        if self._vectors.weights is None:
+            self._vectors.weights = model_fingerprint(self)
+        length, b16 = self._read_as(max_length, bf16)
+        return {"weights": self._vectors.weights, "dim": int(self.options["dim"]), "dtype": "bf16" if b16 else "fp32",
+                "max_length": length}
 
     def vector_store(self, root: str | Path, bf16: bool, max_length: int | None) -> VectorStore:
         """This model's store of chunk vectors under ``root`` (one folder per :meth:`vector_variant`)."""
@@ -178,12 +172,13 @@ class LateRankerModel(EncoderWithHeads):
         if store is not None and keys:
             by_digest = {chunk_digest(k[-1]): k for k in keys}
             limit = int(self.options["cache_chunks"])
-            for d, vec in store.load(by_digest).items():
+            found = store.load(by_digest)
+            for d, vec in found.items():
                 self._vectors.put(by_digest[d], vec, limit)
-                loaded += 1
+            loaded = len(found)
             if progress is not None and loaded:
                 progress(loaded)
-            keys = [k for k in keys if k not in self._vectors]
+            keys = [k for d, k in by_digest.items() if d not in found]  # not "not cached": the limit may drop some
         self._encode_chunks(keys, batch_size, bf16, max_length, store, progress)
         return {"loaded": loaded, "encoded": len(keys)}
 

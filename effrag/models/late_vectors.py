@@ -65,6 +65,14 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def model_fingerprint(model) -> str:
+    """:func:`weights_fingerprint` and the tokenizer's (the same weights under another vocabulary read apart)."""
+    tok = model.tokenizer
+    vocab = hashlib.sha256(tok.backend_tokenizer.to_str().encode()).hexdigest()[:16] \
+        if getattr(tok, "is_fast", False) else type(tok).__name__
+    return f"{weights_fingerprint(model)}-{vocab}"
+
+
 def default_root() -> Path:
     """``$EFFRAG_CACHE_DIR/late-vectors``, else ``~/.cache/effrag/late-vectors``."""
     from effrag.llm.cache import cache_root

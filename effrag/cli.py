@@ -264,7 +264,7 @@ def _cmd_eval(args) -> None:
     from effrag.data.aliases import apply_aliases
     from effrag.evaluation import evaluate, markdown_table
     from effrag.cli_args import method_options
-    from effrag.setup import RunSetup
+    from effrag.setup import RunSetup, encoder_mismatch
     from effrag.pipelines import build_pipeline, dataset_option, get_pipeline_class, llm_options, reader_options
     from effrag.pretrained import resolve_model
     from effrag.tuning import model_fingerprint
@@ -282,6 +282,8 @@ def _cmd_eval(args) -> None:
     cls.check_options(**method_options(args))  # a bad loop option fails before the index is built, too
     if args.retriever is None and args.index is None:  # e.g. the retriever EfficientRAG's loop config was tuned for
         args.retriever = cls.default_retriever(**method_options(args), **dataset_option(cls, args.dataset))
+    if args.encoder is None and args.index is None:  # and the encoder of its dense leg (e5-small for the shipped one)
+        args.encoder = cls.default_encoder(**method_options(args), **dataset_option(cls, args.dataset))
     setup = RunSetup.from_args(args)
     run_config.check_corpus(args, setup.identity())
     answer_aliases = apply_aliases(args, setup.questions)  # extends 2Wiki answers in place when --aliases is given
@@ -294,6 +296,10 @@ def _cmd_eval(args) -> None:
         print(f"effrag: warning: the {args.method} loop config was tuned over a {tuned} retriever; this run uses "
               f"{kind}{f' (index {args.index})' if args.index else ''}, whose candidates it was not tuned on",
               file=sys.stderr)
+    mismatch = encoder_mismatch(cls.default_encoder(**method_opts, **dataset_option(cls, questions[0].dataset)),
+                                retriever, args.method)
+    if mismatch:
+        print(f"effrag: warning: {mismatch}", file=sys.stderr)
     # --llm and the questions' dataset (few-shot prompts), as the method declares it uses them
     llm_opts = {key: v for key, v in llm_options(cls, args.llm, questions[0].dataset).items()
                 if key not in method_opts}

@@ -9,10 +9,11 @@ the link design were settled (the caption says so). Stages (each cached under ``
 
 1. corpus  - pool the contexts of the bundled HotpotQA, 2WikiMultihopQA and MuSiQue sample (train + dev)
              into one deduplicated corpus;
-2. index   - BM25, dense (all-MiniLM-L6-v2, FAISS) and their hybrid (RRF) over it;
-3. eval    - per dataset, on its bundled dev questions: Direct-R with each of the three retrievers (k = 1..30),
+2. index   - BM25, dense (all-MiniLM-L6-v2, FAISS) and their hybrid (RRF) over it; and dense and hybrid with the
+             encoder the loop configs were tuned over where that is another (e5-small for the shipped system);
+3. eval    - per dataset, on its bundled dev questions: Direct-R with each of these retrievers (k = 1..30),
              and EfficientRAG with the loop config tuned for that dataset (``loop-<dataset>.json``) over the
-             retriever that config was tuned for, its ranked pool scored at 1..10 chunks;
+             retriever and encoder that config was tuned for, its ranked pool scored at 1..10 chunks;
 4. report  - per dataset, EfficientRAG with at most 7 and 10 chunks against the strongest Direct-R at 20 and
              30, what the loop read per question, ``comparison.{json,md}`` and the recall-vs-chunks plot.
 
@@ -35,10 +36,12 @@ from effrag.pipelines.base import DEFAULT_RETRIEVER
 
 DATASETS = ("hotpotqa", "2wikimqa", "musique")
 KINDS = ("bm25", "dense", "hybrid")
+ENCODED = ("dense", "hybrid")  # the kinds with a dense encoder
+SHORT_ENCODER = {"e5-small": "e5"}  # a Direct-R row's retriever name: hybrid-e5 (the table stays 80 columns wide)
 CURVE_MAX = 10        # EfficientRAG's pool is scored at 1..10 chunks
 DIRECT_K_MAX = 30     # Direct-R at 1..30
 BARS = {7: 20, 10: 30}  # at most this many chunks -> the Direct-R depth to reach
-CAPTION = ("D-R = Direct-R, the best of BM25, dense and hybrid at that depth; ER = EfficientRAG with at most 7 / "
+CAPTION = ("D-R = Direct-R, the best of BM25, dense and hybrid (with each encoder) at that depth; ER = EfficientRAG with at most 7 / "
            "10 chunks (margin in points); read/q = Labeler + ranker reads per question. These bundled dev "
            "questions chose none of the shipped loop configs' final picks (cost point, pool weights) and none of "
            "the weights; they are in the dev files on which the grid's fixed values (token and filter thresholds, "
@@ -56,7 +59,7 @@ def add_quickstart_parser(sub) -> None:
     p.add_argument("--workdir", default="runs/quickstart", help="where every stage writes (cached)")
     p.add_argument("--retriever", choices=KINDS, default=None,
                    help="EfficientRAG's retriever (default: the one its loop config was tuned for); Direct-R "
-                        "always runs with all three")
+                        "runs with every retriever")
     p.add_argument("--small", action="store_true",
                    help="smoke run: synthesize from the sample and train tiny models instead of the shipped system")
     p.add_argument("--epochs", type=float, default=2.0, help="--small: training epochs of each model")
@@ -128,39 +131,56 @@ def run_quickstart(workdir: str | Path = "runs/quickstart", retriever: str | Non
         return {"passages": len(corpus)}
 
     stages.run("corpus", {"files": train_files + dev_files}, corpus_stage)
-    pooled = RunSetup.build(corpus=corpus_path, retriever=None)  # the corpus; its three retrievers, cached
+    pooled = RunSetup.build(corpus=corpus_path, retriever=None)  # the corpus; its retrievers, cached
     setups = {kind: pooled.over(kind, cache_dir=wd / "index", bf16=kind != "bm25") for kind in KINDS}
     if small:
         system = _train_small(stages, wd, pooled.corpus, train_files, dev_files, epochs, max_train_examples)
     else:
         system = None
     identity = _system_identity(system)
+    files_of = {ds: _system_files(system, ds) for ds in datasets}
+    # the encoder the loop configs were tuned over, where not MiniLM: its dense and hybrid too, which Direct-R runs
+    # with as well, so that the bar is the strongest plain retriever with either encoder (none when the loop runs
+    # over BM25: --retriever bm25 is the quick look)
+    for enc in sorted({f["encoder"] for f in files_of.values()} - {None, "minilm"}):
+        if retriever in (None, *ENCODED):
+            for kind in ENCODED:
+                setups[searcher_name(kind, enc)] = pooled.over(kind, cache_dir=wd / "index", bf16=True, encoder=enc)
     rows = []
     for ds, dev in zip(datasets, dev_files):
-        files = _system_files(system, ds)
+        files = files_of[ds]
         kind = retriever or files["retriever"] or DEFAULT_RETRIEVER
-        setup = setups[kind].ask(dev, limit=limit)
+        name = searcher_name(kind, files["encoder"])
+        setup = setups[name].ask(dev, limit=limit)
         settings = {**setup.identity(), "limit": limit, "llm": llm, "models": identity, "loop": files["config_text"],
                     "curve": CURVE_MAX, "direct": DIRECT_K_MAX}
         # one folder per settings: a killed evaluation resumes, a changed one never reuses old predictions
         out = wd / "eval" / f"{ds}-{hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]}"
         rows += stages.run(f"eval-{ds}", settings,
-                           lambda ds=ds, setup=setup, files=files, out=out: _evaluate(
-                               ds, setup, setups, files, out, llm))
+                           lambda ds=ds, setup=setup, files=files, out=out, name=name: _evaluate(
+                               ds, setup, setups, files, out, llm, name))
     summary = summarize(rows)
     _report(rows, summary, wd, stages.console, "--small smoke models" if small else "shipped system efficientrag-all")
     return rows
 
 
+def searcher_name(kind: str, encoder: str | None) -> str:
+    """A retriever's name in the comparison: its kind, and the encoder where it has one other than MiniLM."""
+    if kind not in ENCODED or encoder in (None, "minilm"):
+        return kind
+    return f"{kind}-{SHORT_ENCODER.get(encoder, encoder)}"
+
+
 def _system_files(system: dict | None, dataset: str) -> dict[str, Any]:
     """The models and loop config EfficientRAG runs with on ``dataset``: the shipped system's, or --small's."""
     if system is not None:
-        return {**system, "config_text": json.dumps(SMALL_CONFIG, sort_keys=True)}
+        return {**system, "encoder": None, "config_text": json.dumps(SMALL_CONFIG, sort_keys=True)}
     from effrag.pipelines.efficientrag.system import open_system
 
     files = open_system("efficientrag-all", dataset=dataset)
     return {"model": "efficientrag-all", "config": str(files.config) if files.config else None,
-            "retriever": files.retriever, "config_text": files.config.read_text() if files.config else None}
+            "retriever": files.retriever, "encoder": files.encoder,
+            "config_text": files.config.read_text() if files.config else None}
 
 
 def _system_identity(system: dict | None) -> dict[str, str]:
@@ -227,15 +247,16 @@ def _train(task: str, data: Path, out: Path, epochs: float, max_examples: int | 
     return {k: v for k, v in results.items() if isinstance(v, (int, float, str, dict))}
 
 
-def _evaluate(ds: str, setup, setups: dict, files: dict, out: Path, llm: str | None) -> list[dict]:
+def _evaluate(ds: str, setup, setups: dict, files: dict, out: Path, llm: str | None, kind: str) -> list[dict]:
     """Direct-R with each retriever at k = 1..30, EfficientRAG's pool (capped at 10) cut at 1..10 chunks, on
-    ``setup``'s questions (over EfficientRAG's retriever; ``setups`` holds the same corpus under each retriever)."""
+    ``setup``'s questions (over EfficientRAG's retriever, ``setups[kind]``; ``setups`` holds the same corpus under
+    each retriever)."""
     from effrag.evaluation import evaluate
     from effrag.pipelines import build_pipeline
 
     # per-batch "inputs truncated at max_length" notes would drown the progress bars (the figures count them in)
     logging.getLogger("effrag.models").setLevel(logging.ERROR)
-    questions, gold, kind = setup.questions, setup.gold, setup.kind
+    questions, gold = setup.questions, setup.gold
     searchers = {name: s.retriever for name, s in setups.items()}
     generator = None
     if llm:

@@ -127,13 +127,16 @@ def _text(row: dict[str, Any], score_name: str = "score") -> str:
 
 
 def _cmd_retrieve(args) -> None:
-    from effrag.setup import open_index
+    from effrag.setup import encoder_mismatch, open_index
     from effrag.pipelines import build_pipeline, get_pipeline_class
 
     questions = read_questions(args)  # before any model or index loads: a bad file fails at once
     cls = get_pipeline_class(args.method)
     opts = _method_options(cls, args)
     retriever = open_index(args.index)
+    mismatch = encoder_mismatch(cls.default_encoder(**opts), retriever, args.method)
+    if mismatch:  # e.g. the shipped system (tuned over e5-small) over an index built with MiniLM
+        print(f"effrag: warning: {mismatch}", file=sys.stderr)
     pipeline = build_pipeline(args.method, retriever, **opts)
     for start in range(0, len(questions), BATCH):
         for result in pipeline.run_batch(questions[start:start + BATCH]):

@@ -131,6 +131,22 @@ def encoder_path(retriever) -> str | None:
     return None
 
 
+def encoder_mismatch(tuned: str | None, retriever, method: str = "the method") -> str | None:
+    """A one-line warning when ``retriever``'s dense encoder is not the one ``method``'s settings were tuned over
+    (``tuned``, an alias; None: nothing to compare): a loop config tuned over e5-small's candidates run over an
+    index encoded with MiniLM gives other figures than its own, with nothing else saying so."""
+    used = encoder_path(retriever)
+    if tuned is None or used is None:
+        return None
+    from effrag.models.encoders import encoder_alias
+
+    alias = encoder_alias(used)
+    if alias == tuned:
+        return None
+    return (f"{method}'s loop config was tuned over the {tuned} encoder; this run's dense retrieval uses "
+            f"{alias or used}, whose candidates it was not tuned on (give --encoder {tuned}, or an index built with it)")
+
+
 # ---------------------------------------------------------------------------- the run setup
 # The keys of RunSetup.identity(). A record written before one of them was part of the identity lacks it; such
 # a key is not compared (check_same_run), so folders written then still resume where their settings match.

@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     system = open_system(args.checkpoints, dataset=None if args.general else args.dataset)
     kind = system.retriever or "dense"  # the retriever the loop config was tuned over
     setup = RunSetup.build(data / "dev.jsonl", corpus_from=[data / "train.jsonl"], retriever=kind, bf16=True,
-                           limit=args.limit)
+                           encoder=system.encoder, limit=args.limit)  # and the encoder it was tuned over
     setup_s = time.perf_counter() - t0
     base = build_config(system.config)
     ranker_dir = system.ranker if base.pool_order == "rank" else None
@@ -121,7 +121,8 @@ def main(argv=None) -> int:
     md = [f"# EfficientRAG loop cost: {args.dataset} dev, first {len(setup.texts)} questions\n",
           f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, `python scripts/bench_loop_cost.py "
           f"{' '.join(sys.argv[1:])}`.\n",
-          f"Shipped loop config `{ck}` (read by name from `{args.checkpoints}`), {kind} retriever (index cached, setup "
+          f"Shipped loop config `{ck}` (read by name from `{args.checkpoints}`), {kind} retriever"
+          f"{f' over {system.encoder}' if system.encoder and kind != 'bm25' else ''} (index cached, setup "
           f"{setup_s:.1f} s), batched runs of {args.batch} questions, one-at-a-time runs of the first {args.single}, "
           f"models on the {device_name}. *unit* = one plain MiniLM-L6 (Labeler) forward per (query, "
           f"chunk) pair the loop read (trained length, length-sorted batches of 64, {args.unit_pairs} pairs), the "

@@ -105,7 +105,7 @@ def test_the_bundled_dev_questions_chose_no_shipped_loop_config():
     system = Path(pretrained_path("efficientrag-all"))
     for ds in ("hotpotqa", "2wikimqa", "musique"):
         bundled = {q.id for q in load_questions(sample_path(ds, "dev"))}
-        ev = read_evidence(root / "reports" / "efficientrag" / "crossfit" / "evidence" / f"{ds}.json.gz")
+        ev = read_evidence(root / "reports" / "efficientrag" / "e5-small-late" / "evidence" / f"{ds}.json.gz")
         chose = set().union(*(set(by_q) for by_k in ev["direct_r_per_question"].values() for by_q in by_k.values()))
         assert chose and not chose & bundled
         cfg = json.loads((system / f"loop-{ds}.json").read_text())

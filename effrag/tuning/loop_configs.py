@@ -72,8 +72,17 @@ def write_loop_configs(tunes: Mapping[str, str | Path | list], system: str | Pat
     if len(kinds) != 1:
         raise ValueError(f"the tuning folders used different retrievers {sorted(map(str, kinds))}: one system, one retriever")
     retriever = kinds.pop()
+    from effrag.models.encoders import encoder_alias
+
+    encoders = {encoder_alias(s.get("encoder")) or s.get("encoder") for s in setups.values()}
+    if len(encoders) != 1:
+        raise ValueError(f"the tuning folders used different encoders {sorted(map(str, encoders))}: one system, one "
+                         "encoder")
+    # by alias (a config holds no machine path); a folder that is no packaged encoder is not named, as before
+    encoder = encoder_alias(encoders.pop()) if retriever in ("dense", "hybrid", "milvus") else None
     out = Path(system)
     report: dict[str, Any] = {"budgets": list(budgets), "k": k, "seed": seed, "retriever": retriever,
+                              "encoder": encoder,
                               "excluded": len(skip), "per_dataset": {}, "general": {}}
     factors = dict(ranker_factors) if ranker_factors is not None else {d: setup_ranker_factor(s)
                                                                          for d, s in setups.items()}
@@ -85,13 +94,13 @@ def write_loop_configs(tunes: Mapping[str, str | Path | list], system: str | Pat
         held = crossfit({d: r}, budgets, k=k, seed=seed, exclude=skip, **own)
         pick = choose({d: r}, budgets, exclude=skip, **own)
         report["per_dataset"][d] = {"crossfit": held, "chosen": pick}
-        _write(out / f"loop-{d}.json", pick, retriever, {d: _describe(held, d)},
+        _write(out / f"loop-{d}.json", pick, (retriever, encoder), {d: _describe(held, d)},
                f"{d} dev questions but the bundled sample's", portable_setup(_setup_of(r, pick["config"])),
                report["rule"])
     held = crossfit(rows, budgets, k=k, seed=seed, exclude=skip, **rule)
     pick = choose(rows, budgets, exclude=skip, **rule)
     report["general"] = {"crossfit": held, "chosen": pick}
-    _write(out / "loop.json", pick, retriever, {d: _describe(held, d) for d in rows},
+    _write(out / "loop.json", pick, (retriever, encoder), {d: _describe(held, d) for d in rows},
            f"the dev questions of {', '.join(rows)} jointly (mean recall), but the bundled sample's",
            {d: portable_setup(_setup_of(r, pick["config"])) for d, r in rows.items()}, report["rule"])
     return report
@@ -104,8 +113,10 @@ def _setup_of(rows: list[dict], config: Mapping[str, Any]) -> dict:
     return next((r["setup"] for r in rows if config_key(r["config"]) == key), rows[0]["setup"])
 
 
-def _write(path: Path, pick: Mapping[str, Any], retriever: str, crossfitted: Mapping[str, Any], chosen_on: str,
+def _write(path: Path, pick: Mapping[str, Any], searcher: tuple, crossfitted: Mapping[str, Any], chosen_on: str,
            setup: Any, rule: tuple) -> None:
+    """``searcher``: the retriever kind and the encoder alias (None: no dense leg) the rows were tuned over."""
+    retriever, encoder = searcher
     how = rule[0] if rule[0] == "best recall" else \
         f"{rule[0]}: the strongest Direct-R's recall on the same questions + " + (
             "one standard error of the per-question difference" if rule[1] == "se" else f"{100 * rule[1]:g} points")
@@ -115,7 +126,8 @@ def _write(path: Path, pick: Mapping[str, Any], retriever: str, crossfitted: Map
     config = dict(pick["config"])
     ranker = config.pop("ranker", None)  # which of the system's rankers: the file's, not a loop option
     path.write_text(json.dumps({
-        "config": config, "retriever": retriever, **({"ranker": ranker} if ranker and ranker != "ranker" else {}),
+        "config": config, "retriever": retriever, **({"encoder": encoder} if encoder else {}),
+        **({"ranker": ranker} if ranker and ranker != "ranker" else {}),
         "chosen_on": {"questions": chosen_on, "n": pick["chosen_on"], "rule": how},
         "crossfit": crossfitted,
         "in_sample_recall": {d: {str(b): round(v, 4) for b, v in r.items()} for d, r in pick["in_sample"].items()},

@@ -53,6 +53,45 @@ def test_a_retriever_other_than_the_tuned_one_is_said(tiny_efficientrag_dirs, tm
     assert code == 0 and "was tuned over" not in err
 
 
+def test_a_loop_config_names_its_encoder_by_alias_and_a_bad_one_is_one_line(tiny_efficientrag_dirs, tmp_path, capsys):
+    """The shipped configs were tuned over an e5-small hybrid and say so (``"encoder"``); a typo or a machine path
+    there is refused in one line before any index is built; a config that names none keeps the default."""
+    from effrag.pipelines.efficientrag.system import config_encoder, open_system
+    from effrag.pretrained import pretrained_path
+
+    shipped = pretrained_path("efficientrag-all")
+    for name in ("loop.json", "loop-hotpotqa.json", "loop-2wikimqa.json", "loop-musique.json"):
+        assert config_encoder(shipped / name) == "e5-small"
+    assert open_system("efficientrag-all", dataset="musique").encoder == "e5-small"
+    assert config_encoder({"config": {}, "retriever": "hybrid"}) is None
+    for bad in ("e5-smal", "/models/e5"):
+        system = _system(tiny_efficientrag_dirs, tmp_path / f"sys-{len(bad)}", {
+            "config": {"hop_k": 3, "max_hops": 2}, "retriever": "bm25", "encoder": bad})
+        code, _, err = _eval(system, tmp_path, capsys)
+        assert code == 2 and err.strip().splitlines() == [
+            f"effrag: error: {system / 'loop.json'}: field 'encoder': {bad!r} is not a packaged encoder alias; "
+            "expected one of minilm, e5-small, smollm2"]
+
+
+def test_an_index_of_another_encoder_than_the_tuned_one_is_said(tiny_efficientrag_dirs, tmp_path, capsys):
+    """A config tuned over e5-small run over a MiniLM dense index: the run goes on, and stderr says why its figures
+    are not the config's."""
+    from effrag.data import build_corpus
+    from effrag.retrieval import build_retriever
+    from effrag.setup import encoder_mismatch
+
+    system = _system(tiny_efficientrag_dirs, tmp_path / "sys", {"config": {"hop_k": 3, "max_hops": 2},
+                                                                 "retriever": "dense", "encoder": "e5-small"})
+    build_retriever("dense", build_corpus([DEV]), encoder="minilm", show_progress=False).save(tmp_path / "minilm")
+    code, _, err = _eval(system, tmp_path, capsys, "--index", tmp_path / "minilm")
+    assert code == 0
+    assert ("effrag: warning: efficientrag's loop config was tuned over the e5-small encoder; this run's dense "
+            "retrieval uses minilm, whose candidates it was not tuned on (give --encoder e5-small, or an index built "
+            "with it)") in err
+    minilm = build_retriever("dense", build_corpus([DEV]), encoder="minilm", show_progress=False)
+    assert encoder_mismatch("minilm", minilm) is None and encoder_mismatch(None, minilm) is None
+
+
 def test_a_loop_config_reads_with_the_ranker_folder_it_names(tiny_efficientrag_dirs, tmp_path, capsys):
     """A system with two rankers (ranker/ the student, ranker-teacher/ the teacher): each loop config file opens the
     one it was tuned with; a name the system lacks, or one that would leave the folder, is one line."""

@@ -172,6 +172,26 @@ def test_rows_of_two_rankers_are_chosen_among_together_and_the_file_names_its_ra
         written = json.loads((tmp_path / "loop-d.json").read_text())
         assert written.get("ranker", "ranker") == want and "ranker" not in written["config"]
         build_config(tmp_path / "loop-d.json")  # a valid loop config: the ranker is the file's, not an option
+    assert "encoder" not in written  # BM25 rows: no dense leg to name
+
+
+def test_the_written_config_names_the_encoder_its_rows_were_tuned_over_by_alias(tmp_path):
+    """Rows tuned over a hybrid whose dense leg was MiniLM (the setup records the installed folder): the config names
+    it ``minilm``, never the machine path; rows over two encoders are one line."""
+    from effrag.models.encoders import resolve_encoder
+    from effrag.pipelines.efficientrag.system import config_encoder
+    from effrag.tuning.loop_configs import write_loop_configs
+
+    gold = {q: [1, 2] for q in IDS}
+    row = {**_row("s", gold, cost=(4, 30, 0)), "setup": {"retriever": "hybrid", "encoder": resolve_encoder("minilm")}}
+    row["config"] = {"hop_k": 5, "max_candidates": None}
+    report = write_loop_configs({"d": [row]}, tmp_path, k=2)
+    written = json.loads((tmp_path / "loop-d.json").read_text())
+    assert written["encoder"] == "minilm" == report["encoder"] == config_encoder(tmp_path / "loop.json")
+    assert written["setup"]["encoder"] == "model" and "/" not in json.dumps(written["setup"]["encoder"])
+    other = {**row, "setup": {"retriever": "hybrid", "encoder": "somewhere/multilingual-e5-small"}}
+    with pytest.raises(ValueError, match="different encoders"):
+        write_loop_configs({"d": [row], "e": [other]}, tmp_path, k=2)
 
 
 def _weighted(link: float, gold_at: dict[str, list[int]], cost=(1, 10, 0), **extra) -> dict:

@@ -188,3 +188,35 @@ def test_a_missing_package_and_a_killed_conversion(tmp_path, monkeypatch):
     killed.mkdir()
     e5._remove_killed_partials(half)
     assert not killed.exists()
+
+
+def test_a_loop_config_tuned_over_e5_small_runs_over_it_wherever_it_is_opened(e5_folder, tiny_efficientrag_dirs,
+                                                                               tmp_path, capsys):
+    """A config naming ``"encoder": "e5-small"`` (as the shipped ones do): ``EfficientRAG.from_pretrained`` over a
+    corpus and ``effrag eval`` without ``--encoder`` build its hybrid's dense leg with e5-small, prefixes included;
+    ``--encoder minilm`` still overrides it, and is said."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from effrag.api import EfficientRAG
+    from effrag.data import build_corpus, sample_path
+    from helpers import run_cli
+
+    system = tmp_path / "sys"
+    for name in ("labeler", "filter"):
+        shutil.copytree(tiny_efficientrag_dirs[name], system / name)
+    (system / "loop.json").write_text(json.dumps({"config": {"hop_k": 3, "max_hops": 2}, "retriever": "hybrid",
+                                                  "encoder": "e5-small"}))
+    dev = tmp_path / "dev.jsonl"  # two questions, their 20 passages the corpus: e5-small reads 12 layers
+    dev.write_text("".join(sample_path("hotpotqa", "dev").read_text().splitlines(keepends=True)[:2]))
+    rag = EfficientRAG.from_pretrained(system, corpus=build_corpus([dev]))
+    dense = rag.retriever.retrievers[0]
+    assert Path(dense.encoder.path) == Path(e5_folder) and dense.encoder.query_prefix == "query: "
+    base = ["eval", "--method", "efficientrag", "--model", system, "--questions", dev, "--corpus-from", dev,
+            "--limit", "2", "--cache-dir", tmp_path / "idx"]
+    code, _, err = run_cli([*base, "--output", tmp_path / "e5"], capsys)
+    assert code == 0 and "tuned over the e5-small encoder" not in err
+    assert Path(json.loads((tmp_path / "e5" / "config.json").read_text())["run"]["encoder"]) == Path(e5_folder)
+    code, _, err = run_cli([*base, "--encoder", "minilm", "--output", tmp_path / "minilm"], capsys)
+    assert code == 0 and "tuned over the e5-small encoder; this run's dense retrieval uses minilm" in err

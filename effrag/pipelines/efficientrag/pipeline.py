@@ -97,13 +97,13 @@ class EfficientRAGPipeline(Pipeline):
         ``config`` defaults to the system's ``loop-<dataset>.json`` when ``dataset`` names one, else its general
         ``loop.json``. ``retriever`` is a search object, an index folder, a function, or a kind (``"bm25"``,
         ``"dense"``, ``"hybrid"``) to build over ``corpus``; left out, the kind the loop config was tuned for is
-        built over ``corpus`` (:class:`effrag.setup.RunSetup`). ``options`` are :class:`EfficientRAGConfig`
+        built over ``corpus`` (:class:`effrag.setup.RunSetup`), with the encoder it names (``"encoder"``). ``options`` are :class:`EfficientRAGConfig`
         fields (``tag_threshold=``, ...). ``vector_store``: where a late-interaction ranker's chunk vectors are kept
         (a folder; None: ``$EFFRAG_CACHE_DIR/late-vectors``; False: nowhere, encoded at every opening).
         """
         from effrag.setup import RETRIEVER_KINDS, RunSetup, as_retriever
 
-        from .system import config_retriever, open_system
+        from .system import config_encoder, config_retriever, open_system
 
         if filter_dir is None:
             system = open_system(model, config if isinstance(config, (str, Path)) else None, dataset)
@@ -117,7 +117,8 @@ class EfficientRAGPipeline(Pipeline):
                 DEFAULT_RETRIEVER
             if corpus is None:
                 raise ValueError(f"from_pretrained needs a retriever, or a corpus to build the {kind} retriever over")
-            retriever = RunSetup.build(corpus=corpus, retriever=kind, bf16=True, cache=False).retriever
+            encoder = config_encoder(config) if isinstance(config, (str, Path)) else None
+            retriever = RunSetup.build(corpus=corpus, retriever=kind, encoder=encoder, bf16=True, cache=False).retriever
         if cfg.pool_order != "rank" and cfg.labeler_top is None:
             ranker = None  # a system's ranker only reads when the config ranks by it
         return cls(as_retriever(retriever, corpus), labeler=labeler_dir, filter=filter_dir, config=cfg,
@@ -211,6 +212,16 @@ class EfficientRAGPipeline(Pipeline):
 
         config = cls._resolve(model, labeler, filter, None, config or er_config, dataset)[3]
         return config_retriever(config) if isinstance(config, (str, Path)) else None
+
+    @classmethod
+    def default_encoder(cls, labeler=None, filter=None, config=None, er_config=None, model=None,
+                        dataset: str | None = None, **options: Any) -> str | None:
+        """The encoder alias the loop config was tuned over (its ``"encoder"``; ``effrag eval`` builds the dense
+        leg with it when ``--encoder`` is not given)."""
+        from .system import config_encoder
+
+        config = cls._resolve(model, labeler, filter, None, config or er_config, dataset)[3]
+        return config_encoder(config) if isinstance(config, (str, Path)) else None
 
     config = property(lambda self: self.loop.config, lambda self, cfg: setattr(self.loop, "config", cfg),
                       doc="The loop's options (assigning a new config changes the loop's).")

@@ -35,11 +35,13 @@ class SystemFiles:
     ranker: Path | None
     config: Path | None
     retriever: str | None
+    encoder: str | None = None  # the dense leg's encoder alias the config was tuned over (None: the default)
 
     def describe(self) -> dict[str, Any]:
         return {"labeler": str(self.labeler), "filter": str(self.filter),
                 "ranker": str(self.ranker) if self.ranker else None,
-                "config": str(self.config) if self.config else None, "retriever": self.retriever}
+                "config": str(self.config) if self.config else None, "retriever": self.retriever,
+                "encoder": self.encoder}
 
 
 def system_root(model: str | Path) -> Path:
@@ -72,17 +74,22 @@ def dataset_config(path: str | Path | None, dataset: str) -> str | None:
     return str(f)
 
 
+def _read_config(config: str | Path | dict) -> tuple[Any, Any]:
+    """A loop config file's parsed JSON (or the dict given) and what to name it in an error."""
+    if isinstance(config, dict):
+        return config, "the loop config"
+    path = Path(config)
+    try:
+        return json.loads(path.read_text()), path
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read EfficientRAG config {path}: {e}") from None
+
+
 def config_retriever(config: str | Path | dict | None) -> str | None:
     """The retriever a loop config file (or its parsed JSON) was tuned for, if it records one."""
     if config is None:
         return None
-    where = "the loop config"
-    if not isinstance(config, dict):
-        path = where = Path(config)
-        try:
-            config = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"cannot read EfficientRAG config {path}: {e}") from None
+    config, where = _read_config(config)
     if not isinstance(config, dict):
         return None
     kind = config.get("retriever") or (config.get("setup") or {}).get("retriever")
@@ -93,6 +100,24 @@ def config_retriever(config: str | Path | dict | None) -> str | None:
     if kind not in KINDS:  # a typo here used to fall back silently to whatever index was given
         raise ValueError(f"{where}: field 'retriever': unknown retriever {kind!r}; expected one of {', '.join(KINDS)}")
     return str(kind)
+
+
+def config_encoder(config: str | Path | dict | None) -> str | None:
+    """The encoder alias (``minilm``, ``e5-small``) a loop config file was tuned over: its top-level ``"encoder"``,
+    which every front end building the config's dense or hybrid retriever uses unless told another. None when the
+    config names none (configs written before the field: tuned over the default, MiniLM)."""
+    if config is None:
+        return None
+    config, where = _read_config(config)
+    name = config.get("encoder") if isinstance(config, dict) else None
+    if name is None:
+        return None
+    from effrag.models.encoders import CANONICAL_ALIASES
+
+    if name not in CANONICAL_ALIASES:  # a path would tie a shipped config to one machine; a typo must not fall back
+        raise ValueError(f"{where}: field 'encoder': {name!r} is not a packaged encoder alias; expected one of "
+                         f"{', '.join(CANONICAL_ALIASES)}")
+    return str(name)
 
 
 def config_ranker(config: str | Path | None) -> str | None:
@@ -134,4 +159,4 @@ def open_system(model: str | Path = DEFAULT_SYSTEM, config: str | Path | None = 
         raise FileNotFoundError(f"{chosen}: field 'ranker' names {named}/, which {root} does not hold")
     ranker = root / (named or "ranker") if (root / (named or "ranker")).is_dir() else None
     return SystemFiles(root=root, labeler=root / "labeler", filter=root / "filter", ranker=ranker, config=chosen,
-                       retriever=config_retriever(chosen))
+                       retriever=config_retriever(chosen), encoder=config_encoder(chosen))

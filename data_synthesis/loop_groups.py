@@ -92,7 +92,8 @@ def loop_group_settings(system: str | Path, inputs: Sequence[str | Path], *, loo
     files = open_system(system, loop_config)
     return {"from_loop": str(system), "loop_config": str(files.config) if files.config else None,
             "labeler_fingerprint": fingerprint(files.labeler), "filter_fingerprint": fingerprint(files.filter),
-            "inputs": [str(f) for f in inputs], "retriever": retriever, "depth": depth, "limit": limit}
+            "inputs": [str(f) for f in inputs], "retriever": retriever, "depth": depth, "limit": limit,
+            **({"encoder": files.encoder} if files.encoder else {})}
 
 
 def _resume(out: Path, settings: dict) -> tuple[int, dict[str, int]]:
@@ -115,7 +116,8 @@ def write_loop_groups(system: str | Path, inputs: Sequence[str | Path], output: 
     """``effrag ranker-data --from-loop``: ``<output>/ranker.jsonl`` and ``<output>/ranker_data.json``.
 
     The questions and the corpus come from ``inputs`` (their contexts pooled, searched by a ``retriever`` of that
-    kind, cached as every run's index is); the loop is ``system``'s with ``loop_config`` (default its ``loop.json``).
+    kind, cached as every run's index is, its dense leg the encoder the loop config names); the loop is ``system``'s
+    with ``loop_config`` (default its ``loop.json``).
     """
     from effrag.pipelines.efficientrag import EfficientRAGLoop, build_config, load_models
     from effrag.pipelines.efficientrag.system import open_system
@@ -130,7 +132,8 @@ def write_loop_groups(system: str | Path, inputs: Sequence[str | Path], output: 
     settings = loop_group_settings(system, inputs, loop_config=loop_config, retriever=retriever, depth=depth,
                                    limit=limit)
     questions = list_questions(inputs)[:limit] if limit else list_questions(inputs)
-    setup = RunSetup.build(questions, corpus_from=list(inputs), retriever=retriever, bf16=bf16, cache_dir=cache_dir)
+    setup = RunSetup.build(questions, corpus_from=list(inputs), retriever=retriever, bf16=bf16, cache_dir=cache_dir,
+                           encoder=files.encoder)
     ranker = files.ranker if config.labeler_top is not None else None
     labeler, filter_model, *rest = load_models(files.labeler, files.filter, ranker=ranker)
     recorder = RecordingRetriever(setup.retriever)

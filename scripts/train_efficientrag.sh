@@ -37,7 +37,7 @@
 # Every stage resumes; finished stages are reused.
 # Env: DATA (default ../shared/data), PROCESSES (CPU processes, default 1), BIN (default .venv/bin), LAUNCH (raw
 # `accelerate launch` arguments for GPUs, e.g. LAUNCH="--multi_gpu --num_processes 4"), RETRIEVER (the loop's
-# retriever, default hybrid), NEG_PER_QUERY, CONTEXT_NEG, TUNE_GRID, FOLDS (default 5), RULE (cheapest or best),
+# retriever, default hybrid), ENCODER (its dense leg's encoder, default e5-small; the loop configs name it), NEG_PER_QUERY, CONTEXT_NEG, TUNE_GRID, FOLDS (default 5), RULE (cheapest or best),
 # MARGIN (points, or se: one standard error, the default), PREFER (simple, the default, or recall), LOOP_DISTILL (0:
 # no step 5), NAME (checkpoint name, default the dataset), LABELER_ARGS (Labeler-only overrides), RANKER_ARGS
 # (ranker-only overrides), TUNE_ONLY=DIR (no synthesis
@@ -51,6 +51,7 @@ shift
 DATA=${DATA:-../shared/data}
 BIN=${BIN:-.venv/bin}
 RETRIEVER=${RETRIEVER:-hybrid}
+ENCODER=${ENCODER:-e5-small}
 FOLDS=${FOLDS:-5}
 NEG=${NEG_PER_QUERY:-3}
 CTX=${CONTEXT_NEG:-0}
@@ -97,13 +98,13 @@ tune_and_report() {  # $1: the student's tune folders' suffix; the teacher's row
   for d in hotpotqa 2wikimqa musique; do  # every dev question's result is kept: the report cross-fits them
     # shellcheck disable=SC2086
     "$BIN/python" scripts/tune_efficientrag.py --labeler "$ck/labeler" --filter "$ck/filter" --ranker "$ck/ranker" \
-      --questions "$DATA/$d/dev.jsonl" --corpus-from "$DATA/$d/train.jsonl" --retriever "$RETRIEVER" --bf16 --er-bf16 \
+      --questions "$DATA/$d/dev.jsonl" --corpus-from "$DATA/$d/train.jsonl" --retriever "$RETRIEVER" --encoder "$ENCODER" --bf16 --er-bf16 \
       --n 0 "${grid_args[@]}" --output "runs/tune/$name-$d$1" > /dev/null  # table: runs/tune/*/table.md
     tunes+=("$d=runs/tune/$name-$d$1")
     if [ -d "$ck/ranker-teacher" ]; then  # the teacher's rows too: the report chooses among both rankers' configs
       "$BIN/python" scripts/tune_efficientrag.py --labeler "$ck/labeler" --filter "$ck/filter" \
         --ranker "$ck/ranker-teacher" --questions "$DATA/$d/dev.jsonl" --corpus-from "$DATA/$d/train.jsonl" \
-        --retriever "$RETRIEVER" --bf16 --er-bf16 --n 0 --grid-file effrag/configs/efficientrag_recipe_teacher.yaml \
+        --retriever "$RETRIEVER" --encoder "$ENCODER" --bf16 --er-bf16 --n 0 --grid-file effrag/configs/efficientrag_recipe_teacher.yaml \
         --output "runs/tune/$name-$d-teacher" > /dev/null
       tunes+=("$d=runs/tune/$name-$d-teacher@ranker-teacher")
     fi
@@ -111,12 +112,15 @@ tune_and_report() {  # $1: the student's tune folders' suffix; the teacher's row
       # shellcheck disable=SC2086
       "$BIN/python" scripts/tune_efficientrag.py --labeler "$ck/labeler" --filter "$ck/filter" \
         --ranker "$ck/ranker-late" --questions "$DATA/$d/dev.jsonl" --corpus-from "$DATA/$d/train.jsonl" \
-        --retriever "$RETRIEVER" --bf16 --er-bf16 --n 0 "${grid_args[@]}" --output "runs/tune/$name-$d-late" > /dev/null
+        --retriever "$RETRIEVER" --encoder "$ENCODER" --bf16 --er-bf16 --n 0 "${grid_args[@]}" --output "runs/tune/$name-$d-late" > /dev/null
       tunes+=("$d=runs/tune/$name-$d-late@ranker-late")
     fi
   done
+  # the bar: the strongest of BM25, dense and hybrid with MiniLM and with the loop's encoder
+  local encoders=(minilm)
+  [ "$ENCODER" = minilm ] || encoders+=("$ENCODER")
   "$BIN/python" scripts/efficientrag_report.py --tune "${tunes[@]}" --data "$DATA" --folds "$FOLDS" --system "$ck" \
-    --rule "${RULE:-cheapest}" --margin "${MARGIN:-se}" --prefer "${PREFER:-simple}" --output "runs/tune/$name-report$1"
+    --encoders "${encoders[@]}" --rule "${RULE:-cheapest}" --margin "${MARGIN:-se}" --prefer "${PREFER:-simple}" --output "runs/tune/$name-report$1"
 }
 tune_and_report ""
 if [ -z "${TUNE_ONLY:-}" ] && [ "${LOOP_DISTILL:-1}" != 0 ]; then

@@ -135,6 +135,11 @@ class Encoder:
             self._device = "cuda" if torch.cuda.is_available() else "cpu"
         return self._device
 
+    def load(self) -> "Encoder":
+        """Load (and check) the weights now instead of at the first encoding; returns the encoder."""
+        self._load()
+        return self
+
     def _load(self):
         if self._model is None:
             from transformers import AutoModel, AutoTokenizer

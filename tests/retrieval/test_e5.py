@@ -193,8 +193,8 @@ def test_a_missing_package_and_a_killed_conversion(tmp_path, monkeypatch):
 def test_a_loop_config_tuned_over_e5_small_runs_over_it_wherever_it_is_opened(e5_folder, tiny_efficientrag_dirs,
                                                                                tmp_path, capsys):
     """A config naming ``"encoder": "e5-small"`` (as the shipped ones do): ``EfficientRAG.from_pretrained`` over a
-    corpus and ``effrag eval`` without ``--encoder`` build its hybrid's dense leg with e5-small, prefixes included;
-    ``--encoder minilm`` still overrides it, and is said."""
+    corpus, ``effrag eval`` without ``--encoder`` and ``effrag serve`` without a ``retriever.options.encoder`` build
+    its hybrid's dense leg with e5-small, prefixes included; ``--encoder minilm`` still overrides it, and is said."""
     import json
     import shutil
     from pathlib import Path
@@ -220,3 +220,14 @@ def test_a_loop_config_tuned_over_e5_small_runs_over_it_wherever_it_is_opened(e5
     assert Path(json.loads((tmp_path / "e5" / "config.json").read_text())["run"]["encoder"]) == Path(e5_folder)
     code, _, err = run_cli([*base, "--encoder", "minilm", "--output", tmp_path / "minilm"], capsys)
     assert code == 0 and "tuned over the e5-small encoder; this run's dense retrieval uses minilm" in err
+    from effrag.data import Corpus
+    from effrag.serve.config import load_config
+    from effrag.serve.service import build_service
+
+    build_corpus([dev]).save(tmp_path / "corpus.jsonl")
+    svc = build_service(load_config({"retriever": {"corpus": str(tmp_path / "corpus.jsonl"),
+                                                   "cache_dir": str(tmp_path / "idx")},
+                                     "method": {"name": "efficientrag", "model": str(system)}}))
+    assert svc.info["encoder"] == "e5-small" and svc.info["retriever"] == "hybrid"
+    dense = svc.source.obj.retriever.retrievers[0]
+    assert Path(dense.encoder.path) == Path(e5_folder) and isinstance(dense.corpus, Corpus)

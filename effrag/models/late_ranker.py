@@ -48,6 +48,26 @@ class LateRankerModel(EncoderWithHeads):
         self._vectors = ChunkVectors()
 
     # -- the vectors --------------------------------------------------------------------------------
+    def train(self, mode: bool = True) -> "LateRankerModel":
+        """Training mode drops the chunk vectors in memory and the weights' fingerprint: the weights are about to
+        change in this process, and vectors made before would be read (and stored under the old weights' folder)
+        as if they were the new weights'. Eval mode keeps them."""
+        if mode:
+            self._forget_vectors()
+        return super().train(mode)
+
+    def load_state_dict(self, state_dict, *args, **kwargs):
+        out = super().load_state_dict(state_dict, *args, **kwargs)
+        self._forget_vectors()  # other weights: other vectors
+        return out
+
+    def _forget_vectors(self) -> None:
+        vectors = getattr(self, "_vectors", None)
+        if vectors is not None:
+            vectors.clear()
+            vectors.weights = None
+
+    # -- the vectors --------------------------------------------------------------------------------
     def token_vectors(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """[B, T, dim] L2-normalised projections of the encoder's token states, zero at padding."""
         hidden = self.encode_hidden(input_ids, attention_mask)

@@ -67,9 +67,9 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
 
 def model_fingerprint(model) -> str:
     """:func:`weights_fingerprint` and the tokenizer's (the same weights under another vocabulary read apart)."""
-    tok = model.tokenizer
-    vocab = hashlib.sha256(tok.backend_tokenizer.to_str().encode()).hexdigest()[:16] \
-        if getattr(tok, "is_fast", False) else type(tok).__name__
+    from .tokenization import tokenizer_spec
+
+    vocab = hashlib.sha256(tokenizer_spec(model.tokenizer).encode()).hexdigest()[:16]
     return f"{weights_fingerprint(model)}-{vocab}"
 
 

@@ -21,7 +21,7 @@ from array import array
 from collections import OrderedDict
 from typing import Sequence
 
-from .tokenization import Encoded, encode_pairs
+from .tokenization import Encoded, encode_pairs, tokenizer_spec
 
 # probe words for the template check: accents, CJK, punctuation inside a word, an over-long word, control chars
 _PROBE_QUERY = ["Who", "wrote", "Café", "au", "lait's", "lyrics", "?"]
@@ -159,9 +159,7 @@ def pair_encoder(tokenizer) -> PairEncoder:
     a ranker trained from the same encoder share their chunks' sub-tokens)."""
     key = getattr(tokenizer, "_effrag_pair_key", None)
     if key is None:
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        spec = backend.to_str() if backend is not None else repr(tokenizer)
-        key = hashlib.sha256(spec.encode()).hexdigest()
+        key = hashlib.sha256(tokenizer_spec(tokenizer).encode()).hexdigest()
         try:
             tokenizer._effrag_pair_key = key
         except AttributeError:

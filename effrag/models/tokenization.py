@@ -40,6 +40,20 @@ class Encoded:
         return out
 
 
+def tokenizer_spec(tokenizer) -> str:
+    """What a tokenizer splits text by, as one string to hash: a fast tokenizer's saved form less its truncation and
+    padding (every encoding call sets those, so hashing them gave one tokenizer other digests depending on what it had
+    read before), else its vocabulary."""
+    import json
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        spec = {k: v for k, v in json.loads(backend.to_str()).items() if k not in ("truncation", "padding")}
+        return json.dumps(spec, sort_keys=True)
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else tokenizer
+    return repr(sorted(vocab.items()) if isinstance(vocab, dict) else vocab)
+
+
 def check_fast(tokenizer) -> None:
     if not getattr(tokenizer, "is_fast", False):
         raise TypeError(

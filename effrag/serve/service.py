@@ -85,9 +85,6 @@ def build_service(cfg: ServeConfig) -> Service:
     with _load_errors(cfg.path, what):
         setup = open_setup(r)
     retriever, corpus = setup.retriever, setup.corpus
-    mismatch = encoder_mismatch(tuned, retriever, m.name)
-    if mismatch:
-        logging.getLogger(__name__).warning("%s: %s", cfg.path, mismatch)
     if cls.slice_k and not m.options and not m.checkpoints():  # one search (Direct-R): per-request top_k reaches the
         source = ChunkSource(retriever, k=m.k)                  # retriever, every k a prefix of the deepest
     else:  # any registered method; its depth stays in its own config when it keeps one there
@@ -106,6 +103,9 @@ def build_service(cfg: ServeConfig) -> Service:
                               context=cfg.llm.context, max_tokens=cfg.llm.max_tokens, max_chunks=cfg.llm.max_chunks)
     with _load_errors(cfg.path, f"method {m.name} over {what}"):
         _warm_up(source, cfg.path, m.name)
+    mismatch = encoder_mismatch(tuned, retriever, m.name)  # said once the service can start: an error stays one line
+    if mismatch:
+        logging.getLogger(__name__).warning("%s: %s", cfg.path, mismatch)
     from effrag.models.encoders import encoder_alias
     from effrag.setup import encoder_path
 

@@ -115,9 +115,9 @@ def select_indices(ds, sources: list[str] | None, limit: int | None, seed: int) 
 
 def _tokenizer_digest(tokenizer) -> str:
     h = hashlib.sha1()
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    h.update((backend.to_str() if backend is not None else repr(tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab")
-                                                                   else tokenizer)).encode("utf-8"))
+    from effrag.models.tokenization import tokenizer_spec
+
+    h.update(tokenizer_spec(tokenizer).encode("utf-8"))
     h.update(json.dumps(getattr(tokenizer, "init_kwargs", {}), sort_keys=True, default=str).encode("utf-8"))
     return h.hexdigest()[:16]
 

@@ -215,3 +215,30 @@ def test_prepare_makes_the_vectors_at_the_length_the_loop_reads_them(saved_late,
     finally:
         del rank._encode_chunks
     assert encoded == [] and all(c.rank_score is not None for r in results for c in r.chunks)
+
+
+def test_weights_changed_in_process_never_read_or_store_the_old_vectors(saved_late, chunks, tmp_path):
+    """A late ranker trained (or given other weights) in the process that indexed a corpus: its vectors in memory
+    and its store folder were the old weights'. Training mode and load_state_dict drop them, so the next index
+    encodes with the new weights into the new weights' folder, and scores as a fresh model with those weights."""
+    model = load_model(saved_late).eval()
+    old = model.vector_store(tmp_path, bf16=False, max_length=None)
+    model.index(chunks[:8], batch_size=4, store=old)
+    q = ["Which magazine was started first?"] * 8
+    model.train()  # a training step in process
+    with torch.no_grad():
+        model.proj.weight.mul_(-1.0)
+    model.eval()
+    assert len(model._vectors) == 0
+    new = model.vector_store(tmp_path, bf16=False, max_length=None)
+    assert new.folder != old.folder
+    assert model.index(chunks[:8], batch_size=4, store=new) == {"loaded": 0, "encoded": 8}
+    fresh = load_model(saved_late).eval()
+    fresh.load_state_dict(model.state_dict())
+    assert fresh.predict(q, list(chunks[:8])) == pytest.approx(model.predict(q, list(chunks[:8])), abs=1e-5)
+    reloaded = load_model(saved_late).eval()
+    reloaded.index(chunks[:8], batch_size=4, store=old)
+    assert len(reloaded._vectors) == 8
+    reloaded.load_state_dict(model.state_dict())  # other weights given to a model that had indexed
+    # the same folder although the two tokenizers last read other inputs (their truncation settings are not hashed)
+    assert len(reloaded._vectors) == 0 and reloaded.vector_store(tmp_path, bf16=False, max_length=None).folder == new.folder

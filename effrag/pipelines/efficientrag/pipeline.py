@@ -210,8 +210,7 @@ class EfficientRAGPipeline(Pipeline):
         that of the config the pipeline runs for ``dataset``'s questions."""
         from .system import config_retriever
 
-        config = cls._resolve(model, labeler, filter, None, config or er_config, dataset)[3]
-        return config_retriever(config) if isinstance(config, (str, Path)) else None
+        return config_retriever(cls._config_file(model, labeler, filter, config or er_config, dataset))
 
     @classmethod
     def default_encoder(cls, labeler=None, filter=None, config=None, er_config=None, model=None,
@@ -220,8 +219,13 @@ class EfficientRAGPipeline(Pipeline):
         leg with it when ``--encoder`` is not given)."""
         from .system import config_encoder
 
-        config = cls._resolve(model, labeler, filter, None, config or er_config, dataset)[3]
-        return config_encoder(config) if isinstance(config, (str, Path)) else None
+        return config_encoder(cls._config_file(model, labeler, filter, config or er_config, dataset))
+
+    @classmethod
+    def _config_file(cls, model, labeler, filter, config, dataset: str | None) -> str | Path | None:
+        """The loop config file the pipeline would run for ``dataset``'s questions (None: options given in code)."""
+        config = cls._resolve(model, labeler, filter, None, config, dataset)[3]
+        return config if isinstance(config, (str, Path)) else None
 
     config = property(lambda self: self.loop.config, lambda self, cfg: setattr(self.loop, "config", cfg),
                       doc="The loop's options (assigning a new config changes the loop's).")

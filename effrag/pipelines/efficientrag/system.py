@@ -124,10 +124,7 @@ def config_ranker(config: str | Path | None) -> str | None:
     """The system's ranker folder a loop config file was tuned with (its top-level ``"ranker"``), if it names one."""
     if config is None:
         return None
-    try:
-        data = json.loads(Path(config).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read EfficientRAG config {config}: {e}") from None
+    data, _ = _read_config(config)
     name = data.get("ranker") if isinstance(data, dict) else None
     if name is None:
         return None

@@ -200,6 +200,8 @@ class LateRankerModel(EncoderWithHeads):
                 progress(loaded)
             keys = [k for d, k in by_digest.items() if d not in found]  # not "not cached": the limit may drop some
         self._encode_chunks(keys, batch_size, bf16, max_length, store, progress)
+        if store is not None and (loaded or keys):  # this corpus's shards are known: the rest may be pruned
+            store.prune_others()
         return {"loaded": loaded, "encoded": len(keys)}
 
     @torch.inference_mode()

@@ -14,7 +14,9 @@ depend only on the chunk's words and on the model that read them, so they are ke
 
 A shard whose checks fail (truncated, bytes changed, another variant) is named in a warning and removed, and its
 chunks are encoded again: never read as if it were right. A store that cannot be written (a read-only home, a full
-disk) is named in one warning, and the vectors serve the process only. Nothing is unpickled. Vectors are stored
+disk) is named in one warning, and the vectors serve the process only. After each index the whole store is kept
+within ``$EFFRAG_LATE_VECTORS_MAX_GB`` (default 8; 0: never pruned) by removing the least recently used shards,
+never one the index read or wrote (:func:`prune`). Nothing is unpickled. Vectors are stored
 exactly as computed (bf16 or fp32), so a loaded chunk scores as a freshly encoded one.
 """
 from __future__ import annotations
@@ -31,6 +33,8 @@ import torch
 FORMAT = "effrag-late-vectors/1"
 SHARD_CHUNKS = 4096
 DIGEST_BYTES = 16
+MAX_GB_ENV = "EFFRAG_LATE_VECTORS_MAX_GB"  # the whole store's size cap, in GB (0: never pruned)
+DEFAULT_MAX_GB = 8.0
 _log = logging.getLogger(__name__)
 
 
@@ -86,6 +90,53 @@ def store_folder(root: str | Path, variant: dict) -> Path:
     return Path(root) / key
 
 
+def max_store_bytes() -> int | None:
+    """The cap on the whole store (every variant's folder): ``$EFFRAG_LATE_VECTORS_MAX_GB`` GB, else
+    :data:`DEFAULT_MAX_GB`; None when it is 0 or less (never pruned). A value that is not a number is named in a
+    warning and the default holds."""
+    raw = (os.environ.get(MAX_GB_ENV) or "").strip()
+    gb = DEFAULT_MAX_GB
+    if raw:
+        try:
+            gb = float(raw)
+        except ValueError:
+            _log.warning("%s=%r is not a number of GB; the late-interaction vector store keeps its default cap of "
+                         "%g GB", MAX_GB_ENV, raw, DEFAULT_MAX_GB)
+    return None if gb <= 0 else int(gb * 1e9)
+
+
+def prune(root: str | Path, max_bytes: int, keep: Iterable[str | Path] = ()) -> tuple[int, int]:
+    """Remove the least recently used shards under ``root`` (every variant's folder; a shard's modification time is
+    its last use: :meth:`VectorStore.load` touches what it reads) until they hold at most ``max_bytes``, never one
+    of ``keep``; a folder left empty goes too. Returns (shards removed, bytes freed). Removing is always safe: a
+    missing shard's chunks are encoded again at their next opening."""
+    kept = {Path(p).resolve() for p in keep}
+    shards = []
+    for path in Path(root).glob("*/vectors-*.safetensors"):
+        try:
+            st = path.stat()
+        except OSError:  # removed meanwhile by another process
+            continue
+        shards.append((st.st_mtime, st.st_size, path))
+    total = sum(size for _, size, _ in shards)
+    removed = freed = 0
+    for _, size, path in sorted(shards, key=lambda s: s[0]):
+        if total <= max_bytes:
+            break
+        if path.resolve() in kept:
+            continue
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        total, removed, freed = total - size, removed + 1, freed + size
+        try:
+            path.parent.rmdir()  # only once empty
+        except OSError:
+            pass
+    return removed, freed
+
+
 def _tensor_hash(*tensors: torch.Tensor) -> str:
     h = hashlib.sha256()
     for t in tensors:
@@ -100,6 +151,7 @@ class VectorStore:
         self.folder = Path(folder)
         self.variant = {k: variant[k] for k in sorted(variant)}
         self.unwritable: str | None = None  # why a write failed (then no more are tried)
+        self.used: set[Path] = set()  # the shards this store read or wrote: never pruned by it
 
     def _shards(self) -> list[Path]:
         return sorted(self.folder.glob("vectors-*.safetensors")) if self.folder.is_dir() else []
@@ -138,10 +190,17 @@ class VectorStore:
                 continue
             rows = digs.numpy()
             bounds = offs.tolist()
+            before = len(found)
             for i in range(len(rows)):
                 d = rows[i].tobytes()
                 if d in wanted and d not in found:
                     found[d] = vecs[bounds[i]: bounds[i + 1]].clone()
+            if len(found) > before:  # a shard that served: its last use, which pruning goes by
+                self.used.add(path)
+                try:
+                    os.utime(path)
+                except OSError:
+                    pass
         return found
 
     def add(self, digests: Sequence[bytes], vectors: Sequence[torch.Tensor]) -> Path | None:
@@ -171,4 +230,16 @@ class VectorStore:
             except OSError:
                 pass
             return None
+        self.used.add(path)
         return path
+
+    def prune_others(self) -> None:
+        """Keep the whole store (every variant's folder beside this one) within :func:`max_store_bytes`: the least
+        recently used shards go first, never one this store read or wrote."""
+        cap = max_store_bytes()
+        if cap is None or self.unwritable:
+            return
+        removed, freed = prune(self.folder.parent, cap, keep=self.used)
+        if removed:
+            _log.info("late-interaction vectors: removed the %d least recently used shards (%.1f MB) to keep %s within "
+                      "%g GB (%s)", removed, freed / 1e6, self.folder.parent, cap / 1e9, MAX_GB_ENV)

@@ -242,3 +242,53 @@ def test_weights_changed_in_process_never_read_or_store_the_old_vectors(saved_la
     reloaded.load_state_dict(model.state_dict())  # other weights given to a model that had indexed
     # the same folder although the two tokenizers last read other inputs (their truncation settings are not hashed)
     assert len(reloaded._vectors) == 0 and reloaded.vector_store(tmp_path, bf16=False, max_length=None).folder == new.folder
+
+
+def test_the_store_keeps_within_its_cap_by_dropping_the_least_recently_used_shards(saved_late, chunks, tmp_path,
+                                                                                   monkeypatch, caplog):
+    """EFFRAG_LATE_VECTORS_MAX_GB caps the whole store: after an index, the shards last used longest ago go (a read
+    counts as a use), never one the index read or wrote, and a folder left empty goes too; 0 never prunes."""
+    import os
+    import time
+
+    monkeypatch.setattr(late_vectors, "SHARD_CHUNKS", 8)
+    monkeypatch.setenv(late_vectors.MAX_GB_ENV, "0")
+    a = load_model(saved_late).eval()
+    store_a = a.vector_store(tmp_path, bf16=False, max_length=None)
+    a.index(chunks[:16], batch_size=4, store=store_a)
+    shards = sorted(store_a.folder.glob("vectors-*.safetensors"))
+    assert len(shards) == 2
+    now = time.time()
+    for age, path in zip((200, 100), shards):  # shards[0] the older
+        os.utime(path, (now - age, now - age))
+    reader = load_model(saved_late).eval()  # a later opening reads one shard's chunks: that shard's use is now
+    assert reader.index(chunks[:8], batch_size=4, store=reader.vector_store(tmp_path, bf16=False, max_length=None)
+                        )["loaded"] == len(set(chunks[:8]))
+    (unread,) = [p for p in shards if os.path.getmtime(p) < now - 50]  # the shard no opening read since
+    (read,) = [p for p in shards if p != unread]
+
+    other = load_model(saved_late).eval()  # another variant (another chunk length): its own folder
+    store_b = other.vector_store(tmp_path, bf16=False, max_length=32)
+    assert store_b.folder != store_a.folder
+    other.index(chunks[16:24], batch_size=4, max_length=32, store=store_b)  # 0: nothing pruned
+    assert unread.exists() and read.exists()
+    (new,) = store_b.folder.glob("vectors-*.safetensors")
+    cap = new.stat().st_size + read.stat().st_size + 64  # room for the new shard and one of the older two
+    monkeypatch.setenv(late_vectors.MAX_GB_ENV, repr(cap / 1e9))
+    with caplog.at_level(logging.INFO, logger="effrag.models.late_vectors"):
+        again = load_model(saved_late).eval()
+        assert again.index(chunks[16:24], batch_size=4, max_length=32,
+                           store=again.vector_store(tmp_path, bf16=False, max_length=32))["loaded"] == len(set(chunks[16:24]))
+    assert not unread.exists() and read.exists() and new.exists()
+    assert "removed the 1 least recently used shards" in caplog.text
+
+    monkeypatch.setenv(late_vectors.MAX_GB_ENV, "1e-12")  # below what this index needs: its own shards stay
+    last = load_model(saved_late).eval()
+    assert last.index(chunks[16:24], batch_size=4, max_length=32,
+                      store=last.vector_store(tmp_path, bf16=False, max_length=32))["loaded"] == len(set(chunks[16:24]))
+    assert new.exists() and not store_a.folder.exists()  # the other variant's last shard went, and its empty folder
+
+    monkeypatch.setenv(late_vectors.MAX_GB_ENV, "lots")
+    with caplog.at_level(logging.WARNING, logger="effrag.models.late_vectors"):
+        assert late_vectors.max_store_bytes() == int(late_vectors.DEFAULT_MAX_GB * 1e9)
+    assert "EFFRAG_LATE_VECTORS_MAX_GB='lots' is not a number" in caplog.text

@@ -54,14 +54,15 @@ def pack(out: Path, check: int) -> None:
     save_file({k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous() for k, v in state.items()},
               str(out / "minilm" / "model.safetensors"), metadata={"format": "pt"})
     (out / "data").mkdir(exist_ok=True)
+    if check:
+        from effrag.models.late_ranker import LateRankerModel
+        from effrag.training.tasks import late_ranker as task
+        model = LateRankerModel.from_encoder(str(out / "minilm"))
     for name, path in GROUPS.items():
         records = [json.loads(line) for line in open(path)]
         with gzip.open(out / "data" / f"{name}.jsonl.gz", "wt") as f:
             f.writelines(json.dumps(r) + "\n" for r in presplit(records))
         if check:
-            from effrag.models.late_ranker import LateRankerModel
-            from effrag.training.tasks import late_ranker as task
-            model = LateRankerModel.from_encoder(str(out / "minilm"))
             original = task.featurize_late_ranker(model, records[:check], 128)
             words_batch, task.words_batch = task.words_batch, split_words
             try:

@@ -33,6 +33,7 @@ from effrag.evaluation.report import md_table
 
 TABLE_KS = (7, 10, 20, 30)
 KINDS = ("bm25", "dense", "hybrid")
+PREFER_NAMES = {"recall": "best recall", "simple": "simplest within 1 SE", "cheap": "cheapest within 1 SE"}
 TARGETS = {7: 20, 10: 30}  # chunks -> the Direct-R depth EfficientRAG must reach (the default of --targets)
 DEFAULT_ENCODER = "minilm"
 
@@ -88,6 +89,13 @@ def strongest(direct: dict[str, dict[int, float]], k: int) -> tuple[str, float]:
     return kind, direct[kind][k]
 
 
+def shipped_held(report: dict, ds: str) -> dict:
+    """The cross-fitted figures of what ``loop-<ds>.json`` ships: its own rule's, or loop.json's where that one
+    ships for the dataset (``--fall-back``)."""
+    own = report["per_dataset"][ds]
+    return (report["general"] if own.get("ships") == "loop.json" else own)["crossfit"]["datasets"][ds]
+
+
 def table2(report: dict, direct: dict, budgets, targets=TARGETS) -> str:
     kinds = kinds_of(next(iter(direct.values())))
     head = ["dataset (questions)", *(f"{kd} @{k}" for kd in kinds for k in TABLE_KS),
@@ -96,9 +104,10 @@ def table2(report: dict, direct: dict, budgets, targets=TARGETS) -> str:
             *(f"target <= {b} chunks vs strongest @{targets[b]}" for b in budgets if b in targets)]
     rows = []
     for ds, dr in direct.items():
-        own = report["per_dataset"][ds]["crossfit"]["datasets"][ds]
+        own = shipped_held(report, ds)
         gen = report["general"]["crossfit"]["datasets"][ds]
-        cells = [f"{ds} ({own['n']})", *(f"{100 * dr[kd][k]:.1f}" for kd in kinds for k in TABLE_KS)]
+        cells = [f"{ds} ({own['n']})" + (" (ships loop.json)" if report["per_dataset"][ds].get("ships") == "loop.json"
+                                         else ""), *(f"{100 * dr[kd][k]:.1f}" for kd in kinds for k in TABLE_KS)]
         cells += [f"**{100 * own['recall'][b]:.1f}**" for b in budgets]
         cells += [f"{100 * gen['recall'][b]:.1f}" for b in budgets]
         cells.append(" / ".join(f"{x:.1f}" for x in own["forwards"]))
@@ -116,7 +125,7 @@ def table2(report: dict, direct: dict, budgets, targets=TARGETS) -> str:
 def curve(report: dict, direct: dict) -> tuple[str, list[dict]]:
     rows, plot = [], []
     for ds, dr in direct.items():
-        own = report["per_dataset"][ds]["crossfit"]["datasets"][ds]["curve"]
+        own = shipped_held(report, ds)["curve"]
         gen = report["general"]["crossfit"]["datasets"][ds]["curve"]
         best = [strongest(dr, k) for k in range(1, 11)]
         rows.append([f"{ds}: strongest Direct-R@k", *(f"{100 * v:.1f} ({kd})" for kd, v in best)])
@@ -168,7 +177,7 @@ def selection_table(tunes: dict, floors: dict | None, margin, factors: dict, bud
     rows, data = [], []
     for scope, rowset in scopes:
         for name, fl in rules:
-            for prefer in ("recall", "simple"):
+            for prefer in ("recall", "simple") + (("cheap",) if fl is None else ()):
                 own = None if fl is None else {d: fl[d] for d in rowset}
                 res = crossfit(rowset, budgets, k=k, seed=seed, exclude=skip, floors=own, margin=margin,
                                ranker_factors={d: factors[d] for d in rowset}, prefer=prefer)
@@ -179,13 +188,33 @@ def selection_table(tunes: dict, floors: dict | None, margin, factors: dict, bud
                     data.append({"scope": scope, "dataset": d, "rule": name, "prefer": prefer, "in_sample": ins,
                                  "held_out_fold_mean": out, "crossfit": res["datasets"][d]["recall"],
                                  "distinct_configs": distinct})
-                    rows.append([scope, d, name, "best recall" if prefer == "recall" else "simplest within 1 SE",
+                    rows.append([scope, d, name, PREFER_NAMES[prefer],
                                  *(f"{100 * res['datasets'][d]['recall'][b]:.1f}" for b in budgets),
                                  *(f"{100 * ins[b]:.1f}" for b in budgets),
                                  *(f"{100 * (ins[b] - out[b]):+.1f}" for b in budgets), str(distinct)])
     head = ["configs", "dataset", "rule", "final choice", *(f"held-out R@{b}" for b in budgets),
             *(f"in-sample R@{b}" for b in budgets), *(f"gap @{b}" for b in budgets), "distinct fold configs"]
     return md_table(head, rows, "llll" + "r" * (3 * len(budgets) + 1)), data
+
+
+def margins_md(report: dict, k: int, seed: int) -> str:
+    """Each shipped file's lead over the strongest Direct-R after its cross-fitted gap (``effrag.tuning.margin``)."""
+    rows = []
+    for scope, ds, m in ([(f"loop-{ds}.json" + (" (= loop.json)" if r.get("ships") == "loop.json" else ""), ds,
+                           r.get("margins")) for ds, r in report["per_dataset"].items()]
+                         + [("loop.json", ds, m) for ds, m in report["general"].get("margins", {}).items()]):
+        for b, x in sorted((m or {}).items()):
+            rows.append([scope, ds, f"<= {b} vs @{x['target']} ({x['bar']})", f"{100 * x['bar_recall']:.1f}",
+                         f"{100 * x['lead_in_sample']:+.1f}", f"{100 * x['gap']:+.1f}", f"{100 * x['se']:.1f}",
+                         f"{100 * x['margin_needed']:.1f}", f"{100 * (x['lead_in_sample'] - max(x['gap'], 0)):+.1f}",
+                         f"{100 * x['lead_held_out']:+.1f}", "yes" if x["keeps"] else "**no**"])
+    head = ["file", "dataset", "budget vs bar", "bar %", "lead in-sample", "gap", "SE", "margin needed (gap + SE)",
+            "lead after gap", "lead held out", "survives"]
+    return ("A lead that survives unseen questions (issue #67): the shipped pick's lead over the strongest Direct-R "
+            "on the questions that chose it, less the cross-fitted gap of its rule (the mean over "
+            f"{k} folds, seed {seed}, of the fold pick's in-sample minus held-out recall; a negative gap counts as "
+            "0), must be at least one standard error of the per-question difference. Points of recall.\n\n"
+            + md_table(head, rows, "lll" + "r" * 7 + "l") + "\n")
 
 
 def ranker_factor_for(setup: dict, system: Path | None, name: str, parser) -> float:
@@ -234,9 +263,16 @@ def main(argv=None) -> int:
                         "bar (the strongest Direct-R at the budgets' targets on the same questions, + --margin)")
     p.add_argument("--margin", default="se", help="--rule cheapest: points above the bar, or se (default): one "
                    "standard error of the per-question difference to the strongest Direct-R on the choosing questions")
-    p.add_argument("--prefer", choices=("recall", "simple"), default="recall",
-                   help="the rule's final choice: best recall, or simple: the simplest config (fewest and smallest "
-                        "pool bonuses) within one standard error of the best (issue #48's noise-resistant rule)")
+    p.add_argument("--prefer", choices=tuple(PREFER_NAMES), default="recall",
+                   help="the rule's final choice: best recall; simple: the simplest config (fewest and smallest "
+                        "pool bonuses) within one standard error of the best (issue #48's noise-resistant rule); "
+                        "cheap: the cheapest cost point within one standard error of the best recall, then its "
+                        "simplest (issue #67: recall first, cost breaks ties; the shipped rule)")
+    p.add_argument("--fall-back", action="store_true",
+                   help="where a dataset's own rule does not beat loop.json's cross-fitted recall on its questions, "
+                        "loop-<dataset>.json ships loop.json's config (issue #67)")
+    p.add_argument("--over", metavar="TEXT", help="what the rows were tuned over, written into each loop config's "
+                   "chosen_on (e.g. which report chose the structures)")
     p.add_argument("--keep-sample", action="store_true", help="let the bundled sample's dev questions choose too")
     args = p.parse_args(argv)
     if not args.tune and not args.evidence:
@@ -307,10 +343,11 @@ def main(argv=None) -> int:
         held = {int(k) for by_k in per_q.values() for k in by_k}
         if args.rule == "cheapest" and not set(targets.values()) <= held:
             p.error(f"--targets: {ds}'s per-question Direct-R recall is at depths {sorted(held)} only")
-    floors = (floors_of({ds: q for ds, (_, q) in both.items()}, args.budgets, targets) if args.rule == "cheapest"
-              else None)
+    bars = floors_of({ds: q for ds, (_, q) in both.items()}, args.budgets, targets)
+    floors = bars if args.rule == "cheapest" else None
     report = write_loop_configs(tunes, system, budgets=args.budgets, k=args.folds, seed=args.seed, exclude=skip,
-                                floors=floors, margin=margin, ranker_factors=factors, prefer=args.prefer)
+                                floors=floors, margin=margin, ranker_factors=factors, prefer=args.prefer,
+                                fall_back=args.fall_back, bars=bars, targets=targets, over=args.over)
     report["direct_r"] = {ds: {kd: {str(k): v for k, v in c.items()} for kd, c in d.items()} for ds, d in direct.items()}
     t2 = table2(report, direct, args.budgets, targets)
     cv, plot = curve(report, direct)
@@ -320,6 +357,12 @@ def main(argv=None) -> int:
            f"keeps the strongest Direct-R@{' and @'.join(str(targets[b]) for b in args.budgets if b in targets)} of "
            "the same questions + " + ("one standard error of the per-question difference" if margin == "se" else
                                       f"{args.margin} points") + ", else the best recall")
+    if args.prefer == "cheap":
+        how += ("; of the configs within one standard error of the best recall, the cheapest cost point, then its "
+                "simplest pool weights")
+    if args.fall_back:
+        how += ("; loop-<dataset>.json ships loop.json's config where the dataset's own rule does not beat it "
+                "cross-fitted")
     if args.prefer == "simple":
         how += ("; the final choice: the simplest config (fewest and smallest pool bonuses) within one standard "
                 "error of the best recall" + ("" if args.rule == "best" else " among the cheapest one's structure"))
@@ -345,6 +388,7 @@ def main(argv=None) -> int:
         "the configs the rule would choose among (for the cheapest rule: the cheapest config's options but the "
         "pool weights), the one with the fewest and smallest pool bonuses whose recall is within one standard "
         "error of the best one's. Questions: every dev question but the bundled sample's.\n\n" + st + "\n")
+    (args.output / "margins.md").write_text(margins_md(report, args.folds, args.seed))
     (args.output / "crossfit.json").write_text(json.dumps(report, indent=1, default=str))
     try:
         from effrag.evaluation.plots import write_report_plot

@@ -24,6 +24,9 @@ import json
 from typing import Any, Iterable, Mapping, Sequence
 
 CAPS = tuple(range(1, 11))
+# a rule's final choice among its set: best recall, the simplest within one standard error, or the cheapest cost
+# point within one standard error and then its simplest (:func:`_best`)
+PREFER = ("recall", "simple", "cheap")
 
 
 def config_key(config: Mapping[str, Any]) -> str:
@@ -117,9 +120,13 @@ def _best(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]],
     ``prefer="simple"`` (the one-standard-error rule): instead of the best recall of that final set, the simplest
     config whose recall is within one standard error of the best one's (:func:`simplest_within_se`); with
     ``floors`` the set is the cheapest config's structure (its options but the pool weights) among those that keep
-    the bar, so that pool weights whose reads differ by noise are compared as one cost point."""
-    if prefer not in ("recall", "simple"):
-        raise ValueError(f"prefer={prefer!r}: expected 'recall' or 'simple'")
+    the bar, so that pool weights whose reads differ by noise are compared as one cost point.
+
+    ``prefer="cheap"`` (*recall first, cost breaks ties*, the rule the shipped configs are chosen by since issue
+    #67): every cost point competes on its cross-fitted recall over the members; of those within one standard error
+    of the best, the cheapest, then the simplest; that point's best-recall config (:func:`cheapest_within_se`)."""
+    if prefer not in PREFER:
+        raise ValueError(f"prefer={prefer!r}: expected one of {', '.join(map(repr, PREFER))}")
     bad = [b for b in budgets if b not in next(iter(cands.values())).caps]
     if bad:
         raise ValueError(f"budgets {bad} are not among the scored caps")
@@ -127,10 +134,7 @@ def _best(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]],
     if not shared:
         raise ValueError(f"no config is shared by the tuning rows of {sorted(cands)}")
 
-    def score(key: str) -> tuple[float, float]:
-        rec, ch = zip(*(cands[d].mean(key, b, members[d]) for d in cands for b in budgets))
-        return round(sum(rec) / len(rec), 12), -sum(ch) / len(ch)
-
+    score = _score_on(cands, members, budgets)
     pool = shared
     if floors is not None:
         def keeps_bar(key: str) -> bool:
@@ -156,6 +160,8 @@ def _best(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]],
                 pool = [key for key in keeps if structure(cands_config(cands, key)) == shape]
     if prefer == "simple":
         return simplest_within_se(cands, members, budgets, pool, score)
+    if prefer == "cheap":
+        return cheapest_within_se(cands, members, budgets, pool, score)
     return _top(pool, score)
 
 
@@ -203,6 +209,19 @@ def simplest_within_se(cands: Mapping[str, Candidates], members: Mapping[str, Se
     Why: on a small dev file the best of many near-equal configs is partly the one that fits its questions' noise
     (on MuSiQue's 126 questions two of five folds chose a link bonus that hurt their held-out fold); a config that
     is as good within the noise and has fewer parts carries over better."""
+    within = within_se(cands, members, budgets, pool, score)
+    return _simplest(cands, within, score)
+
+
+def _simplest(cands: Mapping[str, Candidates], keys: Sequence[str], score) -> str:
+    """The simplest of ``keys`` (:func:`complexity`), then the best ``score``, then the first key."""
+    return min(keys, key=lambda k: (complexity(cands_config(cands, k)), [-x for x in score(k)], k))
+
+
+def within_se(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]], budgets: Sequence[int],
+              pool: Sequence[str], score) -> list[str]:
+    """The keys of ``pool`` whose mean recall (over ``budgets``, per member question of every dataset) is within one
+    standard error of the per-question difference to the best config's (the best included)."""
     best = _top(pool, score)
 
     def per_question(key: str) -> list[float]:
@@ -214,7 +233,68 @@ def simplest_within_se(cands: Mapping[str, Candidates], members: Mapping[str, Se
         diff = [m - t for m, t in zip(per_question(key), top)]
         if sum(diff) / len(diff) >= -standard_error(diff) - 1e-12:
             within.append(key)
-    return min(within, key=lambda k: (complexity(cands_config(cands, k)), [-x for x in score(k)], k))
+    return within
+
+
+def cheapest_within_se(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]],
+                       budgets: Sequence[int], pool: Sequence[str], score, inner: int = 5, seed: int = 0) -> str:
+    """Recall first, cost breaks ties (issue #67). Every cost point (:func:`structure`: a config's options but its
+    pool weights) competes on its *cross-fitted* recall over the member questions: ``inner`` folds of them, each
+    scored by the point's best-recall pool weights chosen on the other inner folds. Of the points within one standard
+    error (per-question difference) of the best one's, the cheapest (mean reading cost of its configs on the members),
+    then the simplest (:func:`complexity` of its weights), then the first; the shipped config is that point's best
+    recall on every member.
+
+    Why cross-fitted: a point with more pool-weight combinations fits its choosing questions more (MuSiQue's 126
+    questions, 72 weightings); compared in-sample, the cheaper point looked within the noise and lost 1.5-2 points on
+    the held-out folds (``reports/efficientrag/ship-for-recall/selection.md``). Called from :func:`crossfit` on each
+    outer fold's choosing questions, the whole rule is nested: no question scores a choice it took part in."""
+    by_point: dict[str, list[str]] = {}
+    for key in pool:
+        by_point.setdefault(structure(cands_config(cands, key)), []).append(key)
+    if len(by_point) == 1:
+        return _top(pool, score)
+    inner_fold = {d: folds([cands[d].ids[i] for i in members[d]], min(inner, len(members[d])), seed)
+                  for d in cands}
+
+    def held_out(keys: Sequence[str]) -> list[float]:
+        """Per member question (datasets in order), the mean recall over ``budgets`` of the config the other inner
+        folds chose among ``keys``."""
+        out = {d: {} for d in cands}
+        for f in range(inner):
+            train = {d: [i for i in members[d] if inner_fold[d][cands[d].ids[i]] != f] for d in cands}
+            test = {d: [i for i in members[d] if inner_fold[d][cands[d].ids[i]] == f] for d in cands}
+            if not any(test.values()):
+                continue
+            key = _top(keys, _score_on(cands, train, budgets))
+            for d in cands:
+                for i in test[d]:
+                    out[d][i] = sum(cands[d].scores[key][b][i][0] for b in budgets) / len(budgets)
+        return [out[d][i] for d in cands for i in members[d]]
+
+    recall = {point: held_out(keys) for point, keys in by_point.items()}
+    best = max(sorted(by_point), key=lambda point: sum(recall[point]))
+    within = []
+    for point in sorted(by_point):
+        diff = [m - t for m, t in zip(recall[point], recall[best])]
+        if sum(diff) / len(diff) >= -standard_error(diff) - 1e-12:
+            within.append(point)
+
+    def point_cost(point: str) -> float:
+        keys = by_point[point]
+        per_key = [sum(cands[d].read_cost(key, members[d]) for d in cands) / len(cands) for key in keys]
+        return round(sum(per_key) / len(per_key), 9)
+
+    point = min(within, key=lambda pt: (point_cost(pt), complexity(cands_config(cands, by_point[pt][0])), pt))
+    return _top(by_point[point], score)
+
+
+def _score_on(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]], budgets: Sequence[int]):
+    """:func:`_best`'s score (mean recall over ``budgets`` and datasets, fewer chunks on a tie) on ``members``."""
+    def score(key: str) -> tuple[float, float]:
+        rec, ch = zip(*(cands[d].mean(key, b, members[d]) for d in cands for b in budgets if members[d]))
+        return round(sum(rec) / len(rec), 12), -sum(ch) / len(ch)
+    return score
 
 
 def strongest(by_kind: Mapping[str, Mapping[str, float]], ids: Sequence[str]) -> Mapping[str, float]:

@@ -54,7 +54,9 @@ def write_loop_configs(tunes: Mapping[str, str | Path | list], system: str | Pat
                        k: int = 5, seed: int = 0, exclude: Iterable[str] = (), floors: Mapping | None = None,
                        margin: float | str = 0.0,
                        ranker_factors: Mapping[str, float | Mapping[str, float]] | None = None,
-                       prefer: str = "recall") -> dict[str, Any]:
+                       prefer: str = "recall", fall_back: bool = False,
+                       bars: Mapping | None = None, targets: Mapping[int, int] | None = None,
+                       over: str | None = None) -> dict[str, Any]:
     """Choose and write ``loop-<dataset>.json`` and ``loop.json`` into ``system``; returns every figure.
 
     ``exclude``: question ids that choose nothing and are scored in no fold (the quickstart's bundled
@@ -63,7 +65,14 @@ def write_loop_configs(tunes: Mapping[str, str | Path | list], system: str | Pat
     (:func:`.crossfit._best`) instead of the best recall. ``tunes``: per dataset a tuning folder or its rows
     (e.g. from :func:`.evidence.read_evidence`); ``ranker_factors``: per dataset, a ranker read against a Labeler
     read (default: from the model folders the setups name). ``prefer="simple"``: the one-standard-error rule
-    (:func:`.crossfit.simplest_within_se`) makes the final choice.
+    (:func:`.crossfit.simplest_within_se`) makes the final choice; ``prefer="cheap"``: recall first, the cheapest
+    cost point within one standard error (:func:`.crossfit.cheapest_within_se`).
+
+    ``fall_back``: where a dataset's own rule does not beat ``loop.json``'s cross-fitted recall on that dataset
+    (mean over ``budgets``), ``loop-<dataset>.json`` ships ``loop.json``'s config and figures and says so. ``bars``
+    (as ``floors``) and ``targets`` (budget -> Direct-R depth): each shipped pick's lead after its cross-fitted gap
+    (:func:`.margin.margins`), in the report's ``margins``. ``over``: what the rows were tuned over, recorded in each
+    file's ``chosen_on`` (e.g. which report chose which of the options).
     """
     rows = {d: f if isinstance(f, list) else read_rows(f) for d, f in tunes.items()}
     skip = sorted(set(exclude))
@@ -89,21 +98,44 @@ def write_loop_configs(tunes: Mapping[str, str | Path | list], system: str | Pat
     rule = {"floors": floors, "margin": margin, "ranker_factors": factors, "prefer": prefer}
     report["ranker_factors"] = factors
     report["rule"] = ("cheapest that keeps the bar" if floors is not None else "best recall", margin, prefer)
+    general_held = crossfit(rows, budgets, k=k, seed=seed, exclude=skip, **rule)
+    general = choose(rows, budgets, exclude=skip, **rule)
+    report["general"] = {"crossfit": general_held, "chosen": general}
+    joint_on = f"the dev questions of {', '.join(rows)} jointly (mean recall), but the bundled sample's"
     for d, r in rows.items():
         own = {**rule, "floors": None if floors is None else {d: floors[d]}}
         held = crossfit({d: r}, budgets, k=k, seed=seed, exclude=skip, **own)
         pick = choose({d: r}, budgets, exclude=skip, **own)
-        report["per_dataset"][d] = {"crossfit": held, "chosen": pick}
-        _write(out / f"loop-{d}.json", pick, (retriever, encoder), {d: _describe(held, d)},
-               f"{d} dev questions but the bundled sample's", portable_setup(_setup_of(r, pick["config"])),
-               report["rule"])
-    held = crossfit(rows, budgets, k=k, seed=seed, exclude=skip, **rule)
-    pick = choose(rows, budgets, exclude=skip, **rule)
-    report["general"] = {"crossfit": held, "chosen": pick}
-    _write(out / "loop.json", pick, (retriever, encoder), {d: _describe(held, d) for d in rows},
-           f"the dev questions of {', '.join(rows)} jointly (mean recall), but the bundled sample's",
-           {d: portable_setup(_setup_of(r, pick["config"])) for d, r in rows.items()}, report["rule"])
+        mean = lambda res: sum(res["datasets"][d]["recall"][b] for b in budgets) / len(budgets)  # noqa: E731
+        ships = "loop.json" if fall_back and mean(held) <= mean(general_held) else "own"
+        report["per_dataset"][d] = {"crossfit": held, "chosen": pick, "ships": ships,
+                                    "own_recall": mean(held), "general_recall": mean(general_held)}
+        if ships == "own":
+            _write(out / f"loop-{d}.json", pick, (retriever, encoder), {d: _describe(held, d)},
+                   f"{d} dev questions but the bundled sample's", portable_setup(_setup_of(r, pick["config"])),
+                   report["rule"], over)
+        else:  # the dataset's own rule did not beat loop.json's on its questions, held out: loop.json's pick ships
+            why = (f"loop.json's config, shipped for {d}: the {d} rule's cross-fitted recall at "
+                   f"{' / '.join(map(str, budgets))} chunks ({_pct(held, d, budgets)}) did not beat loop.json's on "
+                   f"the same questions ({_pct(general_held, d, budgets)}); chosen on {joint_on}")
+            _write(out / f"loop-{d}.json", {**general, "in_sample": {d: general["in_sample"][d]}},
+                   (retriever, encoder), {d: _describe(general_held, d)}, why,
+                   portable_setup(_setup_of(r, general["config"])), report["rule"], over)
+        if bars is not None and targets:
+            from .margin import margins
+
+            shipped, res = (pick, held) if ships == "own" else (general, general_held)
+            report["per_dataset"][d]["margins"] = margins(
+                r, shipped["config"], res, d, bars[d], targets, skip, factors.get(d, 1.0))
+            report["general"].setdefault("margins", {})[d] = margins(
+                r, general["config"], general_held, d, bars[d], targets, skip, factors.get(d, 1.0))
+    _write(out / "loop.json", general, (retriever, encoder), {d: _describe(general_held, d) for d in rows},
+           joint_on, {d: portable_setup(_setup_of(r, general["config"])) for d, r in rows.items()}, report["rule"], over)
     return report
+
+
+def _pct(res: Mapping[str, Any], d: str, budgets: Sequence[int]) -> str:
+    return " / ".join(f"{100 * res['datasets'][d]['recall'][b]:.1f}" for b in budgets)
 
 
 def _setup_of(rows: list[dict], config: Mapping[str, Any]) -> dict:
@@ -114,12 +146,16 @@ def _setup_of(rows: list[dict], config: Mapping[str, Any]) -> dict:
 
 
 def _write(path: Path, pick: Mapping[str, Any], searcher: tuple, crossfitted: Mapping[str, Any], chosen_on: str,
-           setup: Any, rule: tuple) -> None:
+           setup: Any, rule: tuple, over: str | None = None) -> None:
     """``searcher``: the retriever kind and the encoder alias (None: no dense leg) the rows were tuned over."""
     retriever, encoder = searcher
-    how = rule[0] if rule[0] == "best recall" else \
+    how = "best recall: the config with the best recall averaged over the budgets (fewer chunks on a tie)" \
+        if rule[0] == "best recall" else \
         f"{rule[0]}: the strongest Direct-R's recall on the same questions + " + (
             "one standard error of the per-question difference" if rule[1] == "se" else f"{100 * rule[1]:g} points")
+    if len(rule) > 2 and rule[2] == "cheap":
+        how += (": " if rule[0] == "best recall" else "; ") + ("of the configs within one standard error of the "
+                "best recall (per-question difference), the cheapest cost point, then its simplest pool weights")
     if len(rule) > 2 and rule[2] == "simple":
         how += ("; of those (the cheapest one's options but the pool weights), " if rule[0] != "best recall" else
                 ": ") + "the simplest config whose recall is within one standard error of the best's"
@@ -128,7 +164,7 @@ def _write(path: Path, pick: Mapping[str, Any], searcher: tuple, crossfitted: Ma
     path.write_text(json.dumps({
         "config": config, "retriever": retriever, **({"encoder": encoder} if encoder else {}),
         **({"ranker": ranker} if ranker and ranker != "ranker" else {}),
-        "chosen_on": {"questions": chosen_on, "n": pick["chosen_on"], "rule": how},
+        "chosen_on": {"questions": chosen_on, "n": pick["chosen_on"], "rule": how, **({"over": over} if over else {})},
         "crossfit": crossfitted,
         "in_sample_recall": {d: {str(b): round(v, 4) for b, v in r.items()} for d, r in pick["in_sample"].items()},
         "setup": setup,

@@ -229,3 +229,52 @@ def test_with_a_bar_the_one_se_rule_compares_the_cheapest_points_pool_weights_as
     assert choose(rows, budgets=[7], floors=floors)["config"]["link_weight"] == 6.0  # cheapest by a hair
     pick = choose(rows, budgets=[7], floors=floors, prefer="simple")["config"]
     assert (pick["first_hop_k"], pick["link_weight"]) == (10, 0.0)
+
+
+def test_recall_first_the_cheaper_point_wins_only_within_the_noise_of_held_out_recall():
+    """prefer="cheap" (issue #67): cost points compete on their cross-fitted recall; the cheaper point ships only when
+    its held-out recall is within one standard error of the best point's."""
+    dear = _weighted(0.0, {q: [1, 2] for q in IDS}, cost=(1, 30, 0), first_hop_k=30)
+    near = _weighted(0.0, {q: ([1] if q == IDS[0] else [1, 2]) for q in IDS}, cost=(1, 10, 0))  # one question worse
+    far = _weighted(0.0, {q: ([1] if i % 2 else [1, 2]) for i, q in enumerate(IDS)}, cost=(1, 10, 0))  # half worse
+    assert choose({"d": [dear, near]}, budgets=[7], prefer="cheap")["config"]["first_hop_k"] == 10
+    assert choose({"d": [dear, far]}, budgets=[7], prefer="cheap")["config"]["first_hop_k"] == 30
+    assert choose({"d": [dear, near]}, budgets=[7], prefer="recall")["config"]["first_hop_k"] == 30
+    res = crossfit({"d": [dear, far]}, budgets=[7], k=4, prefer="cheap")  # nested: each outer fold chooses alone
+    assert all(f["config"]["first_hop_k"] == 30 for f in res["folds"]) and res["datasets"]["d"]["recall"][7] == 1.0
+
+
+def test_a_dataset_whose_own_rule_does_not_beat_loop_json_ships_loop_json(tmp_path):
+    import json as _json
+
+    from effrag.tuning.loop_configs import write_loop_configs
+
+    def rows(gold_a, gold_b):
+        a = _weighted(0.0, gold_a, first_hop_k=10)
+        b = _weighted(6.0, gold_b, first_hop_k=10)
+        for r in (a, b):
+            r["setup"] = {"retriever": "bm25", "encoder": None}
+        return [a, b]
+
+    good = {q: [1, 2] for q in IDS}
+    half = {q: [1] for q in IDS}
+    tunes = {"x": rows(good, half), "y": rows(half, good)}  # x best with link 0, y with link 6: jointly a tie
+    bars = {d: {7: {"bm25": {q: 0.25 for q in IDS}}} for d in tunes}
+    rep = write_loop_configs(tunes, tmp_path, budgets=[7], k=4, fall_back=True, bars=bars, targets={7: 20})
+    general = _json.loads((tmp_path / "loop.json").read_text())["config"]
+    for d in tunes:
+        mine = _json.loads((tmp_path / f"loop-{d}.json").read_text())
+        ships = rep["per_dataset"][d]["ships"]
+        assert ships == ("loop.json" if mine["config"] == general else "own")
+        if ships == "loop.json":
+            assert "did not beat loop.json's" in mine["chosen_on"]["questions"]
+            assert mine["crossfit"][d] == _json.loads((tmp_path / "loop.json").read_text())["crossfit"][d]
+        m = rep["per_dataset"][d]["margins"][7]
+        assert m["margin_needed"] == pytest.approx(max(m["gap"], 0) + m["se"])
+        assert m["keeps"] == (m["lead_in_sample"] - max(m["gap"], 0) >= m["se"] - 1e-12)
+    # jointly a tie, broken towards one dataset's best: that one's own rule does not beat it, the other's does
+    assert sorted(rep["per_dataset"][d]["ships"] for d in tunes) == ["loop.json", "own"]
+    same = {"x": rows(good, half), "y": rows(good, half)}  # the joint pick is each one's own: no own rule beats it
+    rep = write_loop_configs(same, tmp_path, budgets=[7], k=4, fall_back=True)
+    assert {rep["per_dataset"][d]["ships"] for d in same} == {"loop.json"}
+    assert "did not beat loop.json's" in _json.loads((tmp_path / "loop-x.json").read_text())["chosen_on"]["questions"]

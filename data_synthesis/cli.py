@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from effrag.cli_args import output_dir, positive_int
+from effrag.state_files import read_json, write_json_atomic
 
 
 def add_synthesize_parser(subparsers) -> argparse.ArgumentParser:
@@ -127,12 +128,12 @@ def run_irrr_data(args) -> dict:
               "corpus_fingerprint": setup.corpus.fingerprint(), "bm25": setup.retriever.opts}
     config = {**setup.identity(), **config}
     recorded = out / "build_config.json"
-    check_same_run(json.loads(recorded.read_text()) if recorded.is_file() else None, config, out,
+    check_same_run(read_json(recorded) if recorded.is_file() else None, config, out,
                    what="IRRR training steps", may_change=["limit"],
                    hint="use a new --output directory or the same settings")
     stats = build_irrr_data(questions, setup.corpus, setup.retriever, out, candidates=args.candidates,
                             augment_p=args.augment_p, seed=args.seed, progress=not args.quiet)
-    recorded.write_text(json.dumps(config, indent=2) + "\n")
+    write_json_atomic(recorded, config, indent=2)
     if not args.quiet:
         print(json.dumps(stats, indent=2))
     return stats
@@ -169,7 +170,7 @@ def run_filter_data(args) -> dict:
     done = Path(args.output) / "filter_data.json"
     settings = {"synth": str(args.synth), "labeler": str(args.labeler), "token_threshold": args.token_threshold}
     if done.is_file() and (Path(args.output) / "filter.jsonl").is_file():
-        info = json.loads(done.read_text())
+        info = read_json(done, "remove it to make this output again")
         if same_run({k: info.get(k) for k in settings}, settings):
             if not args.quiet:
                 print(f"{args.output}: done ({info['exposed_records']} new records), reused")
@@ -237,7 +238,7 @@ def run_ranker_data(args) -> dict:
     settings = {"synth": str(args.synth), "inputs": [str(f) for f in args.inputs], "retriever": args.retriever,
                 **options}
     if done.is_file() and (Path(args.output) / "ranker.jsonl").is_file():
-        info = json.loads(done.read_text())
+        info = read_json(done, "remove it to make this output again")
         if same_run({k: info.get(k) for k in settings}, settings):
             if not args.quiet:
                 print(f"{args.output}: done ({info['groups']} groups), reused")
@@ -258,7 +259,7 @@ def run_loop_groups(args) -> dict:
 
     done = Path(args.output) / "ranker_data.json"
     if done.is_file() and (Path(args.output) / "ranker.jsonl").is_file():
-        info = json.loads(done.read_text())
+        info = read_json(done, "remove it to make this output again")
         settings = loop_group_settings(args.from_loop, args.inputs, loop_config=args.loop_config,
                                        retriever=args.retriever, depth=args.depth)
         if same_run({k: info.get(k) for k in settings}, settings):
@@ -297,7 +298,7 @@ def run_ranker_teacher(args) -> dict:
 
     done = Path(args.output) / DONE_NAME
     if done.is_file() and (Path(args.output) / "ranker.jsonl").is_file():
-        info = json.loads(done.read_text())
+        info = read_json(done, "remove it to make this output again")
         src = Path(args.data) / "ranker.jsonl" if Path(args.data).is_dir() else Path(args.data)
         same = (info.get("data") == str(args.data) and src.is_file() and info.get("data_bytes") == src.stat().st_size
                 and info.get("teacher_fingerprint") == fingerprint(args.teacher) and info.get("bf16") == args.bf16

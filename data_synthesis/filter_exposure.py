@@ -166,12 +166,12 @@ def write_exposed_filter_data(synth: str | Path, labeler, output: str | Path, to
     if not new:
         raise ValueError(f"no Filter record of {synth} could be matched to its Labeler records")
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "filter.jsonl.tmp"
-    with tmp.open("w") as f:
+    from effrag.state_files import atomic_open, write_text_atomic
+
+    with atomic_open(out / "filter.jsonl") as f:
         for r in [*original, *new]:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    tmp.replace(out / "filter.jsonl")
     info = {"synth": str(synth), **(provenance or {}), "token_threshold": token_threshold, "counts": dict(counts),
             "original_records": len(original), "exposed_records": len(new)}
-    (out / "filter_data.json").write_text(json.dumps(info, indent=2))
+    write_text_atomic(out / "filter_data.json", json.dumps(info, indent=2))
     return info

@@ -22,13 +22,13 @@ passage's score, so ranks are exact).
 """
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Sequence
 
 from effrag.data import Corpus, Question, map_gold
 from effrag.jsonl import ResumableWriter, read_jsonl
+from effrag.state_files import write_json_atomic
 from effrag.text import words
 
 from .irrr_oracle import make_rank_fn, oracle_query
@@ -137,7 +137,7 @@ def build_irrr_data(questions: Sequence[Question], corpus: Corpus, bm25, out_dir
             stats["oracle_rank_1"] += sum(r["oracle_rank"] == 1 for r in recs)
             stats["oracle_top5"] += sum(r["oracle_rank"] <= 5 for r in recs)
     out = Path(out_dir)
-    (out / "stats.json").write_text(json.dumps(file_stats(out / f"{FILE}.jsonl"), indent=2) + "\n")
+    write_json_atomic(out / "stats.json", file_stats(out / f"{FILE}.jsonl"), indent=2)
     return stats
 
 

@@ -14,19 +14,27 @@ none. ``effrag ranker-teacher`` then scores the groups: soft targets for the stu
 The pool ranker only reorders the pool, so it runs only where the config lets it choose what the Labeler reads
 (``labeler_top``): otherwise the queries, and so the groups, are the same with or without it.
 
-Questions run in batches; each finished batch's groups are appended to ``ranker.jsonl.partial`` and its end offset
-recorded in ``loop_groups.progress.json``, so a killed run resumes after the last whole batch (bytes past that offset,
-a torn write, are cut off).
+Questions run in batches; each finished batch's groups are appended to ``ranker.jsonl.partial``, fsynced, and its end
+offset recorded in ``loop_groups.progress.json`` (with the offsets of the batches before it), so a killed run resumes
+after the last whole batch (bytes past that offset, a torn write, are cut off). A partial file shorter than its
+recorded offset (its tail lost to an unclean shutdown, or cut by hand) is never padded: the run resumes after the
+last recorded batch the file still holds whole, or, when it holds none, starts that output again; a one-line warning
+says which.
 """
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
 from effrag.data.records import normalize_space
+from effrag.state_files import commit, read_json, write_json_atomic, write_text_atomic
 
 PROGRESS_NAME = "loop_groups.progress.json"
+EARLIER_BATCHES = 16  # how many earlier batch ends the progress keeps: where a partial cut short can resume
+_log = logging.getLogger(__name__)
 
 
 def _title_key(title: str) -> str:
@@ -96,17 +104,52 @@ def loop_group_settings(system: str | Path, inputs: Sequence[str | Path], *, loo
             **({"encoder": files.encoder} if files.encoder else {})}
 
 
-def _resume(out: Path, settings: dict) -> tuple[int, dict[str, int]]:
-    """How many questions a partial output already holds (and their counts); a partial begun with other settings,
-    or bytes past the last recorded batch, are removed."""
+def _resume(out: Path, settings: dict) -> tuple[int, dict[str, int], list[dict]]:
+    """How many questions a partial output already holds, their counts, and the recorded batch ends up to that one
+    (the next progress record's ``earlier``). A partial begun with other settings is removed, bytes past the last
+    recorded batch (a torn write) are cut off. A partial shorter than its recorded offset resumes after the latest
+    recorded batch end it still holds whole (the progress keeps :data:`EARLIER_BATCHES`), else starts again, with a
+    one-line warning: never padded (``truncate`` to a larger size fills the gap with NUL bytes)."""
     partial, progress = out / "ranker.jsonl.partial", out / PROGRESS_NAME
-    state = json.loads(progress.read_text()) if progress.is_file() else None
-    if not partial.is_file() or state is None or state.get("settings") != settings:
+    fix = f"remove it and {partial.name} to start this output again"
+    state = read_json(progress, fix) if progress.is_file() else None
+    if not partial.is_file() or not isinstance(state, dict) or state.get("settings") != settings:
         partial.unlink(missing_ok=True)
-        return 0, {}
+        return 0, {}, []
+    try:
+        ends = [{"questions": int(e["questions"]), "bytes": int(e["bytes"]), "counts": dict(e["counts"])}
+                for e in [*state.get("earlier", []), state]]  # oldest first
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{progress}: not a loop-groups progress record ({e!r} missing or wrong); {fix}") from None
+    size, last = partial.stat().st_size, ends[-1]
     with partial.open("r+b") as f:
-        f.truncate(int(state["bytes"]))  # a torn write after the last recorded batch
-    return int(state["questions"]), dict(state["counts"])
+        for n in range(len(ends) - 1, -1, -1):
+            end = ends[n]
+            if end["bytes"] <= size and _line_end(f, end["bytes"]):
+                f.truncate(end["bytes"])  # a torn write after that batch; never past the file's end
+                break
+        else:
+            n = None
+    if n is None:
+        _log.warning("%s is %d bytes, shorter than the %d its progress recorded, and holds none of the recorded "
+                     "batches whole: starting this output again", partial, size, last["bytes"])
+        partial.unlink()
+        progress.unlink()
+        return 0, {}, []
+    if end is not last:  # the progress is made to say so before anything is appended again
+        _log.warning("%s is %d bytes, shorter than the %d its progress recorded (its tail was lost, e.g. to an "
+                     "unclean shutdown): resuming after question %d instead of %d", partial, size, last["bytes"],
+                     end["questions"], last["questions"])
+        write_json_atomic(progress, {"settings": settings, **end, "earlier": ends[:n]})
+    return end["questions"], end["counts"], ends[:n + 1][-EARLIER_BATCHES:]
+
+
+def _line_end(f, offset: int) -> bool:
+    """Whether ``offset`` of file ``f`` ends a line (or is the file's start): where a recorded batch ended."""
+    if offset == 0:
+        return True
+    f.seek(offset - 1)
+    return f.read(1) == b"\n"
 
 
 def write_loop_groups(system: str | Path, inputs: Sequence[str | Path], output: str | Path, *,
@@ -138,7 +181,7 @@ def write_loop_groups(system: str | Path, inputs: Sequence[str | Path], output: 
     labeler, filter_model, *rest = load_models(files.labeler, files.filter, ranker=ranker)
     recorder = RecordingRetriever(setup.retriever)
     loop = EfficientRAGLoop(labeler, filter_model, recorder, config, ranker=rest[0] if rest else None)
-    done, counts = _resume(out, settings)
+    done, counts, earlier = _resume(out, settings)  # earlier: the recorded batch ends so far, newest last
     counts = {"searches": 0, "groups": 0, "pairs": 0, "no_gold": 0, "no_negative": 0, "gold_copies_left_out": 0,
               **counts}
     partial, progress = out / "ranker.jsonl.partial", out / PROGRESS_NAME
@@ -155,14 +198,14 @@ def write_loop_groups(system: str | Path, inputs: Sequence[str | Path], output: 
                      for g in search_groups(q, s, recorder.hits, depth, counts, config.rank_query == "info")]
             f.write("".join(lines).encode("utf-8"))
             f.flush()
-            tmp = progress.with_suffix(".tmp")  # replaced whole: a kill never leaves a torn progress record
-            tmp.write_text(json.dumps({"settings": settings, "questions": i + len(batch), "bytes": f.tell(),
-                                       "counts": counts}) + "\n")
-            tmp.replace(progress)
+            os.fsync(f.fileno())  # on disk before the progress says so: an unclean shutdown cannot cut it shorter
+            end = {"questions": i + len(batch), "bytes": f.tell(), "counts": dict(counts)}
+            write_json_atomic(progress, {"settings": settings, **end, "earlier": earlier})
+            earlier = [*earlier, end][-EARLIER_BATCHES:]  # where a partial cut short can still resume
             bar.update(len(batch))
     bar.close()
-    partial.replace(out / "ranker.jsonl")
+    commit(partial, out / "ranker.jsonl")
     progress.unlink()
     info = {**settings, "questions": len(setup.questions), **counts}
-    (out / "ranker_data.json").write_text(json.dumps(info, indent=2) + "\n")
+    write_text_atomic(out / "ranker_data.json", json.dumps(info, indent=2) + "\n")
     return info

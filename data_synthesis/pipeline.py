@@ -13,7 +13,6 @@ or the retriever being unavailable) stop it; rerunning then continues where it w
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import Counter
@@ -101,12 +100,14 @@ def _check_config(out: Path, config: dict[str, Any]) -> None:
     from effrag.setup import check_same_run
 
     path = out / "config.json"
-    runs = json.loads(path.read_text(encoding="utf-8"))["runs"] if path.exists() else []
+    from effrag.state_files import read_json, write_json_atomic
+
+    runs = read_json(path, "use a new --output directory")["runs"] if path.exists() else []
     compared = lambda run: {k: run.get(k) for k in _RESUME_KEYS}  # noqa: E731
     check_same_run(compared(runs[0]) if runs else None, compared(config), out, what="synthesis output",
                    hint="it was made with other settings: use a new --output directory or the same settings")
     runs.append(config)
-    path.write_text(json.dumps({"runs": runs}, indent=2) + "\n", encoding="utf-8")
+    write_json_atomic(path, {"runs": runs}, indent=2)
 
 
 def synthesize(inputs: Sequence[str | Path], out_dir: str | Path, source: str = "annotation", llm=None,

@@ -143,14 +143,14 @@ def write_ranker_data(synth_dir: str | Path, inputs: Sequence[str | Path], outpu
     groups, counts = ranker_groups(setup.questions, records, setup.retriever, **options)
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "ranker.jsonl.tmp"
-    with tmp.open("w") as fh:
+    from effrag.state_files import atomic_open, write_text_atomic
+
+    with atomic_open(out / "ranker.jsonl") as fh:
         for g in groups:
             fh.write(json.dumps(g, ensure_ascii=False) + "\n")
-    tmp.replace(out / "ranker.jsonl")
     info = {"synth": str(synth_dir), "inputs": [str(f) for f in inputs], "retriever": retriever,
             **{k: v for k, v in options.items() if k != "infos"}, "info": "infos" in options, **counts}
-    (out / "ranker_data.json").write_text(json.dumps(info, indent=2))
+    write_text_atomic(out / "ranker_data.json", json.dumps(info, indent=2))
     return info
 
 

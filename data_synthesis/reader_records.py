@@ -20,7 +20,6 @@ per-dataset metrics then count reader examples, as they count Labeler records. P
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 from pathlib import Path
@@ -157,8 +156,8 @@ def write_reader_data(inputs: Sequence[str | Path], out_dir: str | Path, *, limi
     records = build_reader_examples(questions, negatives_per_question, seed, joint_distractors)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (RECORDS_NAME + ".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
-    os.replace(tmp, out / RECORDS_NAME)
+    from effrag.state_files import write_text_atomic
+
+    write_text_atomic(out / RECORDS_NAME, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     return {"inputs": [str(f) for f in inputs], "questions": len(questions), "records": len(records),
             "answerable": sum(r["answer_start"] is not None or r.get("answer_type") in YES_NO for r in records)}

@@ -7,7 +7,6 @@ outcomes, rejects by stage/reason, alignment failures and per-item notes.
 """
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -93,5 +92,7 @@ def format_table(stats: dict[str, Any]) -> str:
 def write_stats(out_dir: str | Path) -> dict[str, Any]:
     """Compute the stats of ``out_dir`` and write ``stats.json`` there."""
     stats = compute_stats(out_dir)
-    (Path(out_dir) / "stats.json").write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    from effrag.state_files import write_json_atomic
+
+    write_json_atomic(Path(out_dir) / "stats.json", stats, indent=2)
     return stats

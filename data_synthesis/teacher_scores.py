@@ -13,15 +13,19 @@ settings is reused.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
+from effrag.state_files import commit, read_json, write_json_atomic
 from effrag.text import chunk_text, words_batch
 
 DONE_NAME = "ranker_teacher.json"
 
 
 def _read_records(path: Path) -> list[dict]:
+    """The groups of ``path``; a line that is not a ranker group, a field of the wrong type, a byte that is not UTF-8
+    or a file without any group is a ValueError naming the file (and line, and field): before the teacher loads."""
     from effrag.jsonl import numbered_jsonl
 
     records = []
@@ -32,7 +36,13 @@ def _read_records(path: Path) -> list[dict]:
         for i, c in enumerate(rec["candidates"]):
             if not isinstance(c, dict) or "text" not in c:
                 raise ValueError(f"{path}:{n}: candidates[{i}] has no field 'text'")
+            for field in ("text", "title"):
+                if field in c and not isinstance(c[field], str):
+                    raise ValueError(f"{path}:{n}: candidates[{i}] field {field!r}: expected a string, got "
+                                     f"{type(c[field]).__name__} {c[field]!r:.40}")
         records.append(rec)
+    if not records:
+        raise ValueError(f"{path}: no ranker groups (an empty file); make it with `effrag ranker-data`")
     return records
 
 
@@ -91,9 +101,10 @@ def write_teacher_scores(data: str | Path, teacher_dir: str | Path, output: str 
     settings = {"data": str(data), "data_bytes": src.stat().st_size, "teacher_fingerprint": fingerprint(teacher_dir),
                 "max_length": max_length or teacher.max_length, "bf16": bf16}
     started = out_dir / "ranker_teacher.partial.json"
-    if partial.exists() and (not started.is_file() or json.loads(started.read_text()) != settings):
+    fix = f"remove it and {partial.name} to score this output again"
+    if partial.exists() and (not started.is_file() or read_json(started, fix) != settings):
         partial.unlink()  # begun with another teacher, data or length: its scores must not be mixed in
-    started.write_text(json.dumps(settings, indent=2) + "\n")
+    write_json_atomic(started, settings, indent=2)
     done = _complete_lines(partial)
     if done > len(records):
         raise ValueError(f"{partial} holds {done} records but {src} has {len(records)}: remove it and run again")
@@ -108,17 +119,18 @@ def write_teacher_scores(data: str | Path, teacher_dir: str | Path, output: str 
             chunk = score_records(teacher, records[i:i + records_per_step], max_length, batch_size, bf16)
             f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in chunk))
             f.flush()
+            os.fsync(f.fileno())  # whole records on disk: a resume counts only complete lines
             if bar is not None:
                 bar.update(len(chunk))
     if bar is not None:
         bar.close()
-    partial.replace(out_dir / "ranker.jsonl")
+    commit(partial, out_dir / "ranker.jsonl")
     started.unlink()
     info = {**settings, "teacher": str(teacher_dir), "groups": len(records),
             "pairs": sum(len(r["candidates"]) for r in records), "resumed_at": done,
             "seconds": round(time.perf_counter() - start, 1)}
     src_info = src.parent / "ranker_data.json"
     if src_info.is_file():
-        info["ranker_data"] = json.loads(src_info.read_text())
-    (out_dir / DONE_NAME).write_text(json.dumps(info, indent=2) + "\n")
+        info["ranker_data"] = read_json(src_info, "remove it, or make that output again with `effrag ranker-data`")
+    write_json_atomic(out_dir / DONE_NAME, info, indent=2)
     return info

@@ -211,10 +211,10 @@ def check_first_use(files, what: str, fix: str, verify: str | None = None) -> No
                                  f"{store}); {fix} (if you replaced it on purpose, delete its entry there)")
     if changed:
         records = {k: v for k, v in records.items() if Path(k).is_file()}  # files since removed leave no record
+        from .state_files import write_text_atomic
+
         try:
             store.parent.mkdir(parents=True, exist_ok=True)
-            tmp = store.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(records, indent=1, sort_keys=True))
-            tmp.replace(store)
+            write_text_atomic(store, json.dumps(records, indent=1, sort_keys=True))
         except OSError:
             pass  # a read-only cache: nothing recorded, later loads rely on the loader's own checks

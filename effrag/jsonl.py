@@ -13,7 +13,7 @@ Scheme (so that a question is either fully present or absent after any crash):
 * on open, every file loses a trailing partial line (a kill -9 mid-write) by being
   truncated to its last newline, and records whose (dataset, qid) has no done marker
   (an item interrupted between its record writes and its marker) are removed by
-  rewriting the file through a temporary file + ``os.replace``.
+  rewriting the file whole (:func:`effrag.state_files.atomic_open`).
 
 Questions are processed one after another, so orphans can only be the tail of a
 file; filtering the whole file is simply the obviously correct way to drop them.
@@ -49,12 +49,21 @@ def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
 
 def numbered_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
     """``(line number, record)`` of a JSONL file, blank lines skipped: for callers whose own checks of a
-    record must name its line too. A line that is not JSON raises ValueError naming file and line."""
+    record must name its line too. A line that is not JSON, or not UTF-8, raises ValueError naming file and line
+    (a decoding error of the whole file named neither)."""
     path = Path(path)
     if not path.exists():
         return
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
+    offset = 0  # of the line in the file, in bytes
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                from .data.loaders import utf8_error
+
+                raise utf8_error(path, raw, e, line_no=n, line_offset=offset) from None
+            offset += len(raw)
             if not line.strip():
                 continue
             try:
@@ -131,12 +140,10 @@ class ResumableWriter:
                 else:
                     dropped += 1
         if dropped:
-            tmp = path.with_suffix(".jsonl.tmp")
-            with tmp.open("w", encoding="utf-8") as f:
+            from .state_files import atomic_open
+
+            with atomic_open(path) as f:
                 f.writelines(keep)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
             self.recovered["orphan_records"] += dropped
 
     # ------------------------------------------------------------ writing

@@ -145,9 +145,11 @@ def write_report(out_dir: str | Path, markdown: str, data: dict[str, Any], *, ar
     an argparse namespace) and its :func:`provenance`, so every figure says how it was made."""
     import json
 
+    from .state_files import write_text_atomic
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / md_name).write_text(markdown)
+    write_text_atomic(out / md_name, markdown)
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()} if args is not None else {}
-    (out / json_name).write_text(json.dumps({"config": config, **data, **provenance(argv=argv, prog=prog, files=files)},
-                                            indent=2, default=str))
+    write_text_atomic(out / json_name, json.dumps(
+        {"config": config, **data, **provenance(argv=argv, prog=prog, files=files)}, indent=2, default=str))

@@ -85,14 +85,17 @@ class _Stages:
 
     def run(self, name: str, settings: dict[str, Any], fn: Callable[[], Any]) -> Any:
         marker = self.workdir / f".{name}.done"
+        from effrag.state_files import read_json, write_text_atomic
+
         digest = hashlib.sha1(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
-        if marker.is_file() and json.loads(marker.read_text()).get("settings") == digest:
+        done = read_json(marker, "remove it to run that stage again") if marker.is_file() else None
+        if isinstance(done, dict) and done.get("settings") == digest:
             self.console.print(f"[green]✓[/green] {name}: cached ({marker})")
-            return json.loads(marker.read_text()).get("result")
+            return done.get("result")
         self.console.rule(f"[bold]{name}")
         t0 = time.time()
         result = fn()
-        marker.write_text(json.dumps({"settings": digest, "result": result, "seconds": time.time() - t0}))
+        write_text_atomic(marker, json.dumps({"settings": digest, "result": result, "seconds": time.time() - t0}))
         self.console.print(f"[green]✓[/green] {name}: {time.time() - t0:.1f}s")
         return result
 
@@ -371,9 +374,11 @@ def _report(rows: list[dict], summary: list[dict], wd: Path, console, what: str)
     t = comparison_table(summary, what)
     table = terminal_table(t, console.width)
     console.print(table)
-    (wd / "comparison.json").write_text(json.dumps(rows, indent=2))
-    (wd / "summary.json").write_text(json.dumps(summary, indent=2))
-    (wd / "comparison.md").write_text(f"# {t['title']}\n\n{t['caption']}\n\n" + md_table(t["columns"], t["rows"]))
+    from effrag.state_files import write_text_atomic
+
+    write_text_atomic(wd / "comparison.json", json.dumps(rows, indent=2))
+    write_text_atomic(wd / "summary.json", json.dumps(summary, indent=2))
+    write_text_atomic(wd / "comparison.md", f"# {t['title']}\n\n{t['caption']}\n\n" + md_table(t["columns"], t["rows"]))
     console.print(f"written: {wd / 'comparison.md'}")
     try:
         from effrag.evaluation.plots import write_report_plot

@@ -98,6 +98,39 @@ def test_corpus_build_pools_folders_passage_files_and_dataset_files(docs, tmp_pa
     assert corpus.passages[4].title == "Note"
 
 
+
+def test_a_file_name_that_is_not_utf8_is_skipped_with_one_warning_naming_it(docs, tmp_path, capsys, caplog):
+    """Issue #69, 2: ``caf\\xe9.txt`` (a Latin-1 name, made through a bytes path) stopped ``effrag corpus build`` and
+    ``effrag index build --corpus DIR`` with "surrogates not allowed", naming no file. Its name can give no title: it
+    is skipped with one warning naming it (the byte escaped), and the other files are indexed; a folder of only such
+    files is one error line."""
+    import os
+    import subprocess
+    import sys
+
+    with open(os.path.join(os.fsencode(docs), b"caf\xe9.txt"), "wb") as f:
+        f.write(b"Coffee is brewed from roasted beans.\n")
+    assert any("\udce9" in p.name for p in docs.iterdir())  # a real file whose name is not UTF-8
+    shown = f"{docs}/caf\\xe9.txt: skipped: its file name is not UTF-8 (a passage's title is its file name); " \
+            "rename it to index it"
+    with caplog.at_level("WARNING", logger="effrag.data.documents"):
+        code, out, err = run(["index", "build", "--corpus", docs, "--retriever", "bm25", "--output", tmp_path / "idx"],
+                             capsys)
+    assert code == 0, err
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [shown]
+    assert sorted(p.title for p in Corpus.from_jsonl(tmp_path / "idx" / "corpus.jsonl").passages) == ["rivers", "space"]
+    done = subprocess.run([sys.executable, "-m", "effrag.cli", "corpus", "build", "--inputs", docs, "--output",
+                           tmp_path / "corpus.jsonl"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr.strip().splitlines() == [f"WARNING effrag.data.documents: {shown}"]
+    assert len(Corpus.from_jsonl(tmp_path / "corpus.jsonl")) == 2
+    only = tmp_path / "only"
+    only.mkdir()
+    os.rename(os.path.join(os.fsencode(docs), b"caf\xe9.txt"), os.path.join(os.fsencode(only), b"caf\xe9.txt"))
+    code, _, err = run(["corpus", "build", "--inputs", only, "--output", tmp_path / "none.jsonl"], capsys)
+    assert code == 2 and [x for x in err.splitlines() if x.startswith("effrag: error:")] == [
+        f"effrag: error: {only}: its 1 text file(s) hold no text (1 skipped: their names are not UTF-8)"]
+
+
 # ---------------------------------------------------------------- effrag retrieve
 
 @pytest.fixture

@@ -8,7 +8,8 @@ here, so that a folder of notes becomes an index in one command:
   lines; consecutive short paragraphs are merged and long ones split (at sentence ends when it can) so
   that each passage has at most ``max_words`` words, and a Markdown heading starts a new passage. A passage's title is its file's name without the
   suffix, plus ``(part N)`` when the file gave several passages (the title is read with the text by every
-  model, as a dataset's article title is);
+  model, as a dataset's article title is); a file whose name is not UTF-8 cannot give a title and is skipped,
+  with a warning naming it (its bytes escaped, ``caf\\xe9.txt``);
 - a JSONL of ``{"title"?, "text"}`` records (``id`` optional: :meth:`Corpus.from_jsonl`);
 - a dataset file, as before (its questions' context paragraphs).
 
@@ -18,6 +19,8 @@ project's corpora do, so the same paragraph indexed twice is one passage.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
 from pathlib import Path
 from typing import Sequence
@@ -30,6 +33,7 @@ DOCUMENT_SUFFIXES = (".txt", ".md")
 DEFAULT_MAX_WORDS = 200  # about a Wikipedia paragraph of the bundled datasets, well inside MiniLM's 256 tokens
 _BLANK_LINE = re.compile(r"\n[ \t]*\n")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+log = logging.getLogger(__name__)
 
 
 def document_files(folder: str | Path) -> list[Path]:
@@ -105,7 +109,13 @@ def folder_passages(folder: str | Path, max_words: int = DEFAULT_MAX_WORDS) -> l
     if not files:
         raise CorpusError(f"{folder}: no {' or '.join(DOCUMENT_SUFFIXES)} files in it")
     passages: list[Passage] = []
+    unnamed = []
     for f in files:
+        if not utf8_name(f.name):  # its title (the name) cannot be written: it stopped the whole build, naming no file
+            unnamed.append(f)
+            log.warning("%s: skipped: its file name is not UTF-8 (a passage's title is its file name); rename it "
+                        "to index it", printable_path(f))
+            continue
         raw = f.read_bytes()
         try:
             text = raw.decode("utf-8")
@@ -115,8 +125,24 @@ def folder_passages(folder: str | Path, max_words: int = DEFAULT_MAX_WORDS) -> l
         for i, part in enumerate(parts, start=1):
             passages.append(Passage.make(f.stem if len(parts) == 1 else f"{f.stem} (part {i})", part))
     if not passages:
-        raise CorpusError(f"{folder}: its {len(files)} text file(s) hold no text")
+        skipped = f" ({len(unnamed)} skipped: their names are not UTF-8)" if unnamed else ""
+        raise CorpusError(f"{printable_path(folder)}: its {len(files)} text file(s) hold no text{skipped}")
     return passages
+
+
+def utf8_name(name: str) -> bool:
+    """Whether a file name read from disk is UTF-8: Python gives the bytes of any other name as lone surrogates
+    (``caf\\udce9.txt`` for ``caf\\xe9.txt``), which no JSON, hash or print of the title can encode."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def printable_path(path: str | Path) -> str:
+    """``path`` for a message, its bytes that are not UTF-8 written ``\\xe9``: printing the name itself would fail."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def is_passage_file(path: str | Path) -> bool:

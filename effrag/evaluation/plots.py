@@ -18,6 +18,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from ..integrity import writing
+from ..state_files import write_text_atomic
 from .report import md_table
 
 __all__ = ["load_rows", "plot_recall_vs_chunks", "recall_table", "write_report_plot"]
@@ -142,7 +144,8 @@ def plot_recall_vs_chunks(rows: Sequence[dict[str, Any]], path: str | Path, titl
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    with writing(path):  # matplotlib's failed write (a full disk) names no file
+        fig.savefig(path)
     return path
 
 
@@ -166,5 +169,6 @@ def write_report_plot(sources: Iterable[str | Path | dict[str, Any]], out_dir: s
     png = plot_recall_vs_chunks(rows, out / f"{name}.png", title=title)
     md = out / f"{name}.md"
     head = f"# {title}\n\n" if title else "# Recall against retrieved chunks\n\n"
-    md.write_text(head + f"![recall vs chunks]({png.name})\n\n" + recall_table(rows))
+    with writing(md):
+        write_text_atomic(md, head + f"![recall vs chunks]({png.name})\n\n" + recall_table(rows))
     return {"png": png, "md": md}

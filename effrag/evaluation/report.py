@@ -56,5 +56,7 @@ def write_metrics_md(entries: Sequence[dict[str, Any]], path: str | Path, title:
     if any("latency_measured_at_k" in e for e in entries):
         note = (f"\nLatency: one retrieval at k={entries[0]['latency_measured_at_k']} per question, "
                 "scored at every k (smaller k would not be slower to score, and barely faster to retrieve).\n")
-    path.write_text(head + markdown_table(entries) + note)
+    from effrag.state_files import write_text_atomic
+
+    write_text_atomic(path, head + markdown_table(entries) + note)
     return path

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from effrag.pipelines.result import Result
+from effrag.state_files import write_text_atomic
 
 from .metrics import answer_rule, cover_em, exact_match, f1, recall
 from .predictions import write_row
@@ -116,7 +117,7 @@ def evaluate(pipeline, questions: Sequence, gold_ids: Sequence[list[str]], outpu
     out.mkdir(parents=True, exist_ok=True)
     _check_resume(out, config)
     set_seed(seed)
-    (out / "config.json").write_text(json.dumps(
+    write_text_atomic(out / "config.json", json.dumps(
         {"run": config, "seed": seed, "ks": list(ks) if ks else None, "versions": package_versions(),
          "started": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=2, default=str))
 
@@ -156,6 +157,6 @@ def evaluate(pipeline, questions: Sequence, gold_ids: Sequence[list[str]], outpu
     if sliced and len(k_list) > 1:
         for e in entries:  # one retrieval at the largest k served every row: say so
             e["latency_measured_at_k"] = max(k_list)
-    (out / "metrics.json").write_text(json.dumps(entries, indent=2))
+    write_text_atomic(out / "metrics.json", json.dumps(entries, indent=2))
     write_metrics_md(entries, out / "metrics.md")
     return entries

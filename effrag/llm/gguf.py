@@ -118,13 +118,13 @@ def requantized(src: Path, quant: str) -> Path:
     params.ftype = getattr(llama_cpp, QUANTS[quant])
     params.allow_requantize = True
     params.nthread = usable_cores()
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.partial")
-    with _quiet_stderr():  # llama.cpp logs every tensor it converts
-        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
-    if rc != 0:
-        tmp.unlink(missing_ok=True)
-        raise LLMUnavailableError(f"gguf:{src}: llama.cpp could not re-quantize it to {quant}")
-    os.replace(tmp, out)
+    from effrag.state_files import atomic_path
+
+    with atomic_path(out) as tmp:  # renamed into place once whole; removed on a failure
+        with _quiet_stderr():  # llama.cpp logs every tensor it converts
+            rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
+        if rc != 0:
+            raise LLMUnavailableError(f"gguf:{src}: llama.cpp could not re-quantize it to {quant}")
     return out
 
 

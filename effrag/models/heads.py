@@ -299,7 +299,9 @@ class EncoderWithHeads(nn.Module):
             "training": self.training_config,
             "files": record_files(path, recorded_names(path, tokenizer_files)),
         }
-        (path / CONFIG_NAME).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        from ..state_files import write_text_atomic
+
+        write_text_atomic(path / CONFIG_NAME, json.dumps(meta, indent=2, default=str) + "\n")
 
 
 def forward_batches(model: "EncoderWithHeads", features: list[dict], batch_size: int, bf16: bool,

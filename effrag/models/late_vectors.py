@@ -15,26 +15,38 @@ depend only on the chunk's words and on the model that read them, so they are ke
 A shard whose checks fail (truncated, bytes changed, another variant) is named in a warning and removed, and its
 chunks are encoded again: never read as if it were right. A store that cannot be written (a read-only home, a full
 disk) is named in one warning, and the vectors serve the process only. After each index the whole store is kept
-within ``$EFFRAG_LATE_VECTORS_MAX_GB`` (default 8; 0: never pruned) by removing the least recently used shards,
-never one the index read or wrote (:func:`prune`). Nothing is unpickled. Vectors are stored
-exactly as computed (bf16 or fp32), so a loaded chunk scores as a freshly encoded one.
+within ``$EFFRAG_LATE_VECTORS_MAX_GB`` (default 8; 0: never pruned; read and checked when a store opens, before
+anything is encoded) by removing the least recently used shards, never one the index read or wrote (:func:`prune`);
+the temporary files of writes in progress count too, and those a killed writer left are removed. Another process
+may prune or delete shards and folders at any moment: what vanishes is a miss (its chunks are encoded again), never
+an error. Nothing is unpickled. Vectors are stored exactly as computed (bf16 or fp32), so a loaded chunk scores as
+a freshly encoded one.
 """
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import logging
+import math
 import os
+import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
+
+from ..state_files import atomic_path, temp_owner
 
 FORMAT = "effrag-late-vectors/1"
 SHARD_CHUNKS = 4096
 DIGEST_BYTES = 16
 MAX_GB_ENV = "EFFRAG_LATE_VECTORS_MAX_GB"  # the whole store's size cap, in GB (0: never pruned)
 DEFAULT_MAX_GB = 8.0
+SHARD_GLOB = "vectors-*.safetensors"
+TEMP_GLOB = SHARD_GLOB + ".tmp*"  # a shard being written (effrag.state_files names it <shard>.tmp<pid>-<n>)
+TEMP_GRACE_S = 60.0  # a temporary file whose writer is gone is left this long (a writer in another pid namespace)
+TEMP_MAX_AGE_S = 3600.0  # ... and one untouched this long is stale whoever wrote it (a shard is written in seconds)
 _log = logging.getLogger(__name__)
 
 
@@ -92,49 +104,106 @@ def store_folder(root: str | Path, variant: dict) -> Path:
 
 def max_store_bytes() -> int | None:
     """The cap on the whole store (every variant's folder): ``$EFFRAG_LATE_VECTORS_MAX_GB`` GB, else
-    :data:`DEFAULT_MAX_GB`; None when it is 0 or less (never pruned). A value that is not a number is named in a
-    warning and the default holds."""
+    :data:`DEFAULT_MAX_GB`; None when it is 0 (never pruned). Anything but a finite number >= 0 (``lots``, ``nan``,
+    ``inf``, ``1e400``, ``-1``) is a ValueError naming the variable: one line, raised when a store opens
+    (:class:`VectorStore`), before any chunk is encoded (``inf`` was an OverflowError traceback after the encoding)."""
     raw = (os.environ.get(MAX_GB_ENV) or "").strip()
-    gb = DEFAULT_MAX_GB
-    if raw:
-        try:
-            gb = float(raw)
-        except ValueError:
-            _log.warning("%s=%r is not a number of GB; the late-interaction vector store keeps its default cap of "
-                         "%g GB", MAX_GB_ENV, raw, DEFAULT_MAX_GB)
-    return None if gb <= 0 else int(gb * 1e9)
+    if not raw:
+        return int(DEFAULT_MAX_GB * 1e9)
+    try:
+        gb = float(raw)
+    except ValueError:
+        gb = math.nan
+    if not math.isfinite(gb) or gb < 0:
+        raise ValueError(f"{MAX_GB_ENV}={raw!r}: expected a finite number of GB >= 0 (0: never pruned; unset: "
+                         f"{DEFAULT_MAX_GB:g})")
+    return None if gb == 0 else int(min(gb, 1e18) * 1e9)
 
 
-def prune(root: str | Path, max_bytes: int, keep: Iterable[str | Path] = ()) -> tuple[int, int]:
-    """Remove the least recently used shards under ``root`` (every variant's folder; a shard's modification time is
-    its last use: :meth:`VectorStore.load` touches what it reads) until they hold at most ``max_bytes``, never one
-    of ``keep``; a folder left empty goes too. Returns (shards removed, bytes freed). Removing is always safe: a
-    missing shard's chunks are encoded again at their next opening."""
+def _entries(folder: Path, pattern: str) -> list[Path]:
+    """The entries of ``folder`` matching ``pattern``; none when the folder is gone (another process pruned it)."""
+    try:
+        with os.scandir(folder) as it:
+            return [folder / e.name for e in it if fnmatch.fnmatch(e.name, pattern)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _writer_gone(pid: int | None) -> bool:
+    """Whether no process ``pid`` runs here (None: a name without a pid, an older effrag's temporary)."""
+    if pid is None:
+        return True
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists under another user
+        return False
+    return False
+
+
+def _stale_temp(path: Path, mtime: float, now: float) -> bool:
+    """A temporary shard no write will finish: its writer is gone (and it was last written over
+    :data:`TEMP_GRACE_S` ago), or untouched for :data:`TEMP_MAX_AGE_S`."""
+    age = now - mtime
+    return age > TEMP_MAX_AGE_S or (age > TEMP_GRACE_S and _writer_gone(temp_owner(path.name)))
+
+
+def prune(root: str | Path, max_bytes: int | None, keep: Iterable[str | Path] = ()) -> tuple[int, int]:
+    """Remove the temporary files killed writers left under ``root`` (every variant's folder), then the least
+    recently used shards (a shard's modification time is its last use: :meth:`VectorStore.load` touches what it
+    reads) until shards and temporary files hold at most ``max_bytes`` (None: no cap), never one of ``keep``; a
+    folder left empty goes too. Returns (files removed, bytes freed). Removing is always safe: a missing shard's
+    chunks are encoded again at their next opening. A file or folder another process removes meanwhile is skipped."""
     kept = {Path(p).resolve() for p in keep}
-    shards = []
-    for path in Path(root).glob("*/vectors-*.safetensors"):
-        try:
-            st = path.stat()
-        except OSError:  # removed meanwhile by another process
-            continue
-        shards.append((st.st_mtime, st.st_size, path))
-    total = sum(size for _, size, _ in shards)
+    now = time.time()
+    shards, temps = [], []
+    for folder in _entries(Path(root), "*"):
+        for kind, pattern in ((shards, SHARD_GLOB), (temps, TEMP_GLOB)):
+            for path in _entries(folder, pattern):
+                try:
+                    st = path.stat()
+                except OSError:  # removed meanwhile by another process
+                    continue
+                kind.append((st.st_mtime, st.st_size, path))
+    total = sum(size for _, size, _ in shards + temps)
     removed = freed = 0
-    for _, size, path in sorted(shards, key=lambda s: s[0]):
-        if total <= max_bytes:
-            break
-        if path.resolve() in kept:
-            continue
+
+    def remove(path: Path, size: int) -> None:
+        nonlocal total, removed, freed
         try:
             path.unlink()
         except OSError:
-            continue
+            return
         total, removed, freed = total - size, removed + 1, freed + size
         try:
             path.parent.rmdir()  # only once empty
         except OSError:
             pass
+
+    for mtime, size, path in temps:
+        if _stale_temp(path, mtime, now):
+            remove(path, size)
+    for _, size, path in sorted(shards, key=lambda s: s[0]):
+        if max_bytes is None or total <= max_bytes:
+            break
+        if path.resolve() not in kept:
+            remove(path, size)
     return removed, freed
+
+
+def _read_shard(path: Path) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A shard's metadata, digests, offsets and vectors, from one read of its bytes: what is checked is the file
+    that was read, whatever another process removes or renames over ``path`` meanwhile (opening it by name twice
+    could pair a pruned file's error with a new file's checks)."""
+    from safetensors.torch import load
+
+    data = path.read_bytes()
+    header = json.loads(data[8: 8 + int.from_bytes(data[:8], "little")])
+    tensors = load(data)
+    return header.get("__metadata__") or {}, tensors["digests"], tensors["offsets"], tensors["vectors"]
 
 
 def _tensor_hash(*tensors: torch.Tensor) -> str:
@@ -152,9 +221,10 @@ class VectorStore:
         self.variant = {k: variant[k] for k in sorted(variant)}
         self.unwritable: str | None = None  # why a write failed (then no more are tried)
         self.used: set[Path] = set()  # the shards this store read or wrote: never pruned by it
+        self.max_bytes = max_store_bytes()  # checked now, before anything is encoded
 
     def _shards(self) -> list[Path]:
-        return sorted(self.folder.glob("vectors-*.safetensors")) if self.folder.is_dir() else []
+        return sorted(_entries(self.folder, SHARD_GLOB))
 
     def _refuse(self, path: Path, why: str) -> None:
         _log.warning("late-interaction vectors %s: %s; removed, its chunks will be encoded again", path, why)
@@ -165,7 +235,7 @@ class VectorStore:
 
     def load(self, digests: Iterable[bytes]) -> dict[bytes, torch.Tensor]:
         """The stored vectors [T, dim] of each of ``digests`` found in a shard that passes its checks."""
-        from safetensors import SafetensorError, safe_open
+        from safetensors import SafetensorError
 
         wanted = set(digests)
         found: dict[bytes, torch.Tensor] = {}
@@ -173,10 +243,10 @@ class VectorStore:
             if not wanted - found.keys():
                 break
             try:
-                with safe_open(str(path), framework="pt") as f:
-                    meta = f.metadata() or {}
-                    digs, offs, vecs = (f.get_tensor(n) for n in ("digests", "offsets", "vectors"))
-            except (SafetensorError, OSError, RuntimeError, ValueError) as e:
+                meta, digs, offs, vecs = _read_shard(path)
+            except FileNotFoundError:  # removed by another process since it was listed: a miss, not damage
+                continue
+            except (SafetensorError, OSError, RuntimeError, ValueError, KeyError, AttributeError) as e:
                 self._refuse(path, f"unreadable ({str(e)[:120]})")
                 continue
             if meta.get("format") != FORMAT or meta.get("variant") != json.dumps(self.variant, sort_keys=True):
@@ -216,30 +286,33 @@ class VectorStore:
         meta = {"format": FORMAT, "variant": json.dumps(self.variant, sort_keys=True),
                 "sha256": _tensor_hash(digs, offs, vecs)}
         path = self.folder / f"vectors-{hashlib.sha256(digs.numpy().tobytes()).hexdigest()[:16]}.safetensors"
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            save_file({"digests": digs, "offsets": offs, "vectors": vecs}, str(tmp), metadata=meta)
-            os.replace(tmp, path)
-        except (OSError, RuntimeError) as e:  # a read-only home, a full disk: the vectors serve this process only
-            self.unwritable = f"{type(e).__name__}: {e}"
-            _log.warning("late-interaction vectors: cannot write to %s (%s); this corpus will be encoded again at its "
-                         "next opening (set EFFRAG_CACHE_DIR to a writable folder)", self.folder, self.unwritable)
+        for attempt in (1, 2):
             try:
-                tmp.unlink()
-            except OSError:
-                pass
-            return None
+                self.folder.mkdir(parents=True, exist_ok=True)
+                with atomic_path(path) as tmp:  # a kill leaves a temporary file, which a later prune removes
+                    save_file({"digests": digs, "offsets": offs, "vectors": vecs}, str(tmp), metadata=meta)
+                break
+            except (OSError, RuntimeError) as e:
+                if attempt == 1 and not self.folder.is_dir():  # pruned, empty, by another process since mkdir
+                    continue
+                # a read-only home, a full disk: the vectors serve this process only
+                self.unwritable = f"{type(e).__name__}: {e}"
+                _log.warning("late-interaction vectors: cannot write to %s (%s); this corpus will be encoded again at "
+                             "its next opening (set EFFRAG_CACHE_DIR to a writable folder)", self.folder,
+                             self.unwritable)
+                return None
         self.used.add(path)
         return path
 
     def prune_others(self) -> None:
         """Keep the whole store (every variant's folder beside this one) within :func:`max_store_bytes`: the least
-        recently used shards go first, never one this store read or wrote."""
-        cap = max_store_bytes()
-        if cap is None or self.unwritable:
+        recently used shards go first, never one this store read or wrote; temporary files of killed writes go once
+        stale, also with no cap (:func:`prune`)."""
+        cap = self.max_bytes
+        if self.unwritable:
             return
-        removed, freed = prune(self.folder.parent, cap, keep=self.used)
+        removed, freed = prune(self.folder.parent, cap, keep=self.used)  # cap None: only killed writers' leftovers
         if removed:
-            _log.info("late-interaction vectors: removed the %d least recently used shards (%.1f MB) to keep %s within "
-                      "%g GB (%s)", removed, freed / 1e6, self.folder.parent, cap / 1e9, MAX_GB_ENV)
+            _log.info("late-interaction vectors: removed the %d least recently used shards or temporary files of "
+                      "killed writes (%.1f MB) to keep %s within %s (%s)", removed, freed / 1e6, self.folder.parent,
+                      "no cap" if cap is None else f"{cap / 1e9:g} GB", MAX_GB_ENV)

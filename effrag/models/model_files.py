@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..integrity import CorruptFileError, IntegrityError, short_error
+from ..state_files import write_text_atomic
 
 CONFIG_NAME = "effrag_config.json"
 HEADS_NAME = "heads.safetensors"
@@ -71,15 +72,11 @@ def update_effrag_config(path: str | Path, *, options: dict | None = None, **fie
     """Rewrite a checkpoint's :data:`CONFIG_NAME` with ``options`` merged into its options and ``fields`` set
     (e.g. a reader's tuned decoding and how it was tuned); the weights are untouched. Written beside and renamed:
     a kill leaves the old file or the new one."""
-    import os
-
     path = Path(path)
     meta = read_effrag_config(path)
     meta["options"] = {**meta.get("options", {}), **(options or {})}
     meta.update(fields)
-    tmp = path / (CONFIG_NAME + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    os.replace(tmp, path / CONFIG_NAME)
+    write_text_atomic(path / CONFIG_NAME, json.dumps(meta, indent=2, default=str) + "\n")
     return meta
 
 

@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from ..state_files import write_text_atomic
 from .reader import ExtractiveReader, ReaderAnswer, load_reader_checkpoint
 
 VOTE_TYPE = "reader_vote"
@@ -90,9 +91,7 @@ class ReaderVote:
             files[r] = {"files": member.get("files"), "options": member.get("options")}
         meta = {"model_type": VOTE_TYPE, "options": {}, "members": rel, "files": files, "vote": "majority of normalised answers; "
                 "ties to the highest confidence", **({"provenance": provenance} if provenance else {})}
-        tmp = path / (CONFIG_NAME + ".tmp")
-        tmp.write_text(json.dumps(meta, indent=2) + "\n")
-        os.replace(tmp, path / CONFIG_NAME)
+        write_text_atomic(path / CONFIG_NAME, json.dumps(meta, indent=2) + "\n")
         return meta
 
     @classmethod

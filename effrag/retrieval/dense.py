@@ -125,10 +125,13 @@ class DenseRetriever:
         meta = read_meta(d)
         verify_index(d, meta, verify)
         if meta["encoder"]["fingerprint"] != encoder.fingerprint():
+            from ..models.e5 import missing_marker
+
+            why = missing_marker(encoder.path) or "different weights, config, pooling or prefixes"
             raise IndexMismatchError(
                 f"{d}: index was built with encoder {meta['encoder']['settings']['path']} "
                 f"(fingerprint {meta['encoder']['fingerprint']}), but encoder {encoder.path} "
-                f"has fingerprint {encoder.fingerprint()} (different weights, config, pooling or prefixes)")
+                f"has fingerprint {encoder.fingerprint()} ({why})")
         path = d / "index.faiss"
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: the index folder is incomplete; {REBUILD}")

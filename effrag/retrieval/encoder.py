@@ -35,7 +35,19 @@ def default_encoder_path() -> str:
 
 
 def _file_sha1(path: Path) -> str:
-    return hashlib.sha1(path.read_bytes()).hexdigest()
+    """sha1 of a settings file; of a conversion marker, less the sha256 records of the files it lists: they were
+    added to the e5 marker later, and indexes built before must keep their encoder's fingerprint."""
+    from ..models.e5 import CONVERTED_MARKER
+
+    data = path.read_bytes()
+    if path.name == CONVERTED_MARKER:
+        try:
+            meta = json.loads(data)
+        except ValueError:
+            meta = None
+        if isinstance(meta, dict) and "files" in meta:  # the bytes an earlier converter wrote for the same folder
+            data = (json.dumps({k: v for k, v in meta.items() if k != "files"}, indent=2) + "\n").encode()
+    return hashlib.sha1(data).hexdigest()
 
 
 def check_encoder_weights(path: Path, verify: str | None = None) -> None:
@@ -46,7 +58,9 @@ def check_encoder_weights(path: Path, verify: str | None = None) -> None:
     full sha256 and size of each ``*.safetensors`` file are recorded on first use (:func:`effrag.integrity.check_first_use`) and
     compared on every later load (``EFFRAG_VERIFY``: ``cheap``, the default, and ``full`` compare the full hash,
     ``off`` skips it). That costs one read of the weights per process: about 0.1 s for MiniLM-L6's 90 MB. Damage
-    present before the first use is caught by the NaN/Inf check on the loaded weights, not by the hash.
+    present before the first use is caught by the NaN/Inf check on the loaded weights, not by the hash. The converted
+    e5-small folder is compared with the sha256 its conversion recorded instead
+    (:func:`effrag.models.e5.check_converted`), which also catches damage done before the first use.
     """
     from ..integrity import CorruptFileError, IntegrityError, check_first_use
     from ..models.model_files import require_safetensors, unreadable_safetensors
@@ -59,6 +73,10 @@ def check_encoder_weights(path: Path, verify: str | None = None) -> None:
     if bad is not None:
         raise CorruptFileError(f"{bad}: the encoder's safetensors header does not read back (damaged or truncated); "
                                "reinstall the package or re-download the model")
+    from ..models.e5 import check_converted
+
+    if check_converted(path, verify):  # the converted e5 folder: checked against what its conversion wrote
+        return
     check_first_use(weights, "encoder", "reinstall the package or re-download the model", verify)
 
 

@@ -9,13 +9,13 @@ Its own module so that the backends (dense, BM25, hybrid) and the builder/loader
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
 
 from ..integrity import CorruptFileError, IntegrityError, record_files, verify_files
 from ..provenance import package_versions
+from ..state_files import write_text_atomic
 
 META = "index_meta.json"
 
@@ -45,7 +45,7 @@ def write_meta(directory: Path, kind: str, corpus, options: dict, encoder=None, 
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "files": record_files(directory, files)}
     if encoder is not None:
         meta["encoder"] = {"fingerprint": encoder.fingerprint(), "settings": encoder.settings(), "bf16": encoder.bf16}
-    (directory / META).write_text(json.dumps(meta, indent=2))
+    write_text_atomic(directory / META, json.dumps(meta, indent=2))
 
 
 def read_meta(directory: str | Path) -> dict:
@@ -106,9 +106,7 @@ def record_index(directory: str | Path) -> int:
     if missing:
         raise IntegrityError(f"{d / missing[0]}: file of the index is missing; {REBUILD}")
     meta["files"] = record_files(d, names)
-    tmp = d / (META + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=2))
-    os.replace(tmp, d / META)
+    write_text_atomic(d / META, json.dumps(meta, indent=2))
     return len(names)
 
 

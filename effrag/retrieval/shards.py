@@ -27,6 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..integrity import writing
+from ..state_files import atomic_open, atomic_path, read_json, write_text_atomic
+
 log = logging.getLogger(__name__)
 
 KEY_FILE = "shards.json"
@@ -90,23 +93,26 @@ def _merged_ok(store: Path, n: int) -> bool:
     return (store / MERGED).is_file() and _shard_rows(store / MERGED) == n
 
 
+def _read_key(meta: Path):
+    """The store's key; None when it does not read back (torn by a kill of an older effrag): another store's."""
+    try:
+        return json.loads(meta.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _prepare(store: Path, key: dict, rank: int, world: int) -> None:
     """Process 0 discards a store of another corpus/encoder and writes the key; then everyone checks it."""
     meta = store / KEY_FILE
     if rank == 0:
-        if store.is_dir() and (not meta.is_file() or json.loads(meta.read_text()) != key) and any(store.iterdir()):
+        if store.is_dir() and (not meta.is_file() or _read_key(meta) != key) and any(store.iterdir()):
             log.info("discarding embedding shards of another corpus/encoder in %s", store)
-            for f in [*store.glob("emb_*.npy"), *store.glob("embeddings*.npy"), meta]:
+            for f in [*store.glob("emb_*.npy"), *store.glob("embeddings*.npy"), *store.glob("*.npy.tmp*"), meta]:
                 f.unlink(missing_ok=True)  # only the store's own files: never a folder the user pointed at
         store.mkdir(parents=True, exist_ok=True)
-        tmp = meta.with_suffix(".tmp")
-        from ..integrity import writing
-
-        with writing(tmp):
-            tmp.write_text(json.dumps(key))
-        tmp.replace(meta)
+        write_text_atomic(meta, json.dumps(key))
     _barrier(world)
-    if json.loads(meta.read_text()) != key:
+    if read_json(meta, "remove the folder to encode again") != key:
         raise RuntimeError(f"{store}: process {rank} disagrees with process 0 on the corpus/encoder being encoded")
 
 
@@ -120,8 +126,6 @@ def encode_shards(encoder, passages: list, store: str | Path, *, shard_size: int
     shard is on disk. Returns ``{"n_shards", "encoded": [i...], "reused": [i...]}`` for this process.
     """
     from tqdm.auto import tqdm
-
-    from ..integrity import writing
 
     if rank is None or world_size is None:
         rank, world_size = dist_info()
@@ -146,10 +150,8 @@ def encode_shards(encoder, passages: list, store: str | Path, *, shard_size: int
             bar.update(len(chunk))
             continue
         emb = encoder.encode_passages(chunk, batch_size, progress=bar).astype(np.float32, copy=False)
-        tmp = path.with_suffix(".tmp.npy")
-        with writing(tmp):
-            np.save(tmp, emb)
-        tmp.replace(path)  # atomic: a half-written shard is never taken as finished
+        with writing(path), atomic_open(path, "wb") as f:  # a half-written shard is never taken as finished
+            np.save(f, emb)
         stats["encoded"].append(i)
     bar.close()
     _barrier(world_size)
@@ -162,7 +164,7 @@ def merge_shards(store: str | Path, *, keep_shards: bool = False) -> Path:
     The shards are removed afterwards unless ``keep_shards``; a store already merged is left as is.
     """
     store = Path(store)
-    key = json.loads((store / KEY_FILE).read_text())
+    key = read_json(store / KEY_FILE, "remove the folder to encode again")
     n, size = key["n"], key["shard_size"]
     out = store / MERGED
     if _merged_ok(store, n):
@@ -173,16 +175,15 @@ def merge_shards(store: str | Path, *, keep_shards: bool = False) -> Path:
         raise FileNotFoundError(f"{store}: {len(missing)} of {n_shards} shards not encoded yet "
                                 f"(first: {shard_path(store, missing[0]).name}); run the encode again to finish")
     dim = int(np.load(shard_path(store, 0), mmap_mode="r", allow_pickle=False).shape[1])
-    tmp = store / "embeddings.tmp.npy"
-    merged = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, dim))
-    for i in range(n_shards):
-        part = np.load(shard_path(store, i), mmap_mode="r", allow_pickle=False)
-        if part.shape[0] != min(size, n - i * size) or part.shape[1] != dim:
-            raise ValueError(f"{shard_path(store, i)}: shape {part.shape} does not fit a store of {n} x {dim}")
-        merged[i * size:i * size + part.shape[0]] = part
-    merged.flush()
-    del merged
-    tmp.replace(out)
+    with atomic_path(out) as tmp:
+        merged = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, dim))
+        for i in range(n_shards):
+            part = np.load(shard_path(store, i), mmap_mode="r", allow_pickle=False)
+            if part.shape[0] != min(size, n - i * size) or part.shape[1] != dim:
+                raise ValueError(f"{shard_path(store, i)}: shape {part.shape} does not fit a store of {n} x {dim}")
+            merged[i * size:i * size + part.shape[0]] = part
+        merged.flush()
+        del merged
     if not keep_shards:
         for i in range(n_shards):
             shard_path(store, i).unlink(missing_ok=True)
@@ -199,7 +200,7 @@ class ShardedEmbeddings:
 
     def __init__(self, store: str | Path):
         store = Path(store)
-        key = json.loads((store / KEY_FILE).read_text())
+        key = read_json(store / KEY_FILE, "remove the folder to encode again")
         self.store, self.n, self.shard_size = store, int(key["n"]), int(key["shard_size"])
         if _merged_ok(store, self.n):
             self._parts = [np.load(store / MERGED, mmap_mode="r", allow_pickle=False)]

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from ..integrity import ENV, IntegrityError, record_files, short_error, verify_files
+from ..state_files import write_text_atomic
 
 FORMAT = 2  # 1: accelerate's save_state (pickles), never loaded
 STATE_NAME = "trainer_state.json"
@@ -111,7 +112,7 @@ def save_state_file(path: Path, obj: Any) -> None:
     if path.suffix == ".json":
         if tensors:
             raise TypeError(f"{path.name}: state with tensors goes into a .safetensors file")
-        path.write_text(json.dumps(tree))
+        write_text_atomic(path, json.dumps(tree))
     else:
         save_file(tensors, str(path), metadata={_TREE_KEY: json.dumps(tree)})
 
@@ -183,9 +184,7 @@ def seal_checkpoint(ckpt: Path, state: dict) -> None:
     (a folder without it is an incomplete checkpoint, skipped)."""
     names = [p.name for p in ckpt.iterdir() if p.is_file() and p.name not in (STATE_NAME, STATE_NAME + ".tmp")]
     full = {**state, "format": FORMAT, "files": record_files(ckpt, names)}
-    tmp = ckpt / (STATE_NAME + ".tmp")
-    tmp.write_text(json.dumps(full, indent=2))
-    tmp.replace(ckpt / STATE_NAME)
+    write_text_atomic(ckpt / STATE_NAME, json.dumps(full, indent=2))
 
 
 def check_checkpoint(ckpt: Path) -> dict:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .checkpoint_files import STATE_NAME, CheckpointError, check_checkpoint
+from ..state_files import write_text_atomic
 from .config import Config, ConfigError
 
 RESULTS_NAME = "results.json"  # written last: its presence marks a finished run
@@ -170,6 +171,4 @@ def prepare_output_dir(out_dir: Path, mode: str, step: int) -> None:
                     kept.append(line + "\n")
             except (ValueError, KeyError, TypeError):
                 break  # a line cut by the kill: nothing after it is kept
-        tmp = log_file.with_name("log.jsonl.tmp")
-        tmp.write_text("".join(kept))
-        tmp.replace(log_file)
+        write_text_atomic(log_file, "".join(kept))

@@ -314,4 +314,6 @@ def save_config(cfg: Config, path: str | Path, extra: dict | None = None) -> Non
     data = cfg.to_dict()
     if extra:
         data = {**data, **extra}
-    Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
+    from ..state_files import write_text_atomic
+
+    write_text_atomic(path, yaml.safe_dump(data, sort_keys=False))

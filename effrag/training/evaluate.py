@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .build import make_accelerator
+from ..state_files import write_text_atomic
 from .config import Config, ConfigError
 from .data import Collator
 from .task_data import build_eval_dataset
@@ -69,5 +70,5 @@ def evaluate_only(cfg: Config, model_dir: str) -> dict:
     if accelerator.is_main_process:
         out = Path(cfg.train.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "eval_metrics.json").write_text(json.dumps({"model": str(model_dir), **metrics}, indent=2) + "\n")
+        write_text_atomic(out / "eval_metrics.json", json.dumps({"model": str(model_dir), **metrics}, indent=2) + "\n")
     return metrics

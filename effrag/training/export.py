@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from effrag.pretrained import LOOP_DATASETS  # a shipped system's loop-<dataset>.json
+from effrag.state_files import write_text_atomic
 
 
 def export_system(src: Path, dst: Path, figures: Path | None = None) -> dict:
@@ -47,12 +48,12 @@ def export_system(src: Path, dst: Path, figures: Path | None = None) -> dict:
     if (src / "README.md").is_file():
         shutil.copy(src / "README.md", dst / "RECIPE.md")
     info = portable({"source": str(src), "source_sha256": sources, "int8_bytes": sizes, **provenance()})
-    (dst / "export.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    write_text_atomic(dst / "export.json", json.dumps(info, indent=2, default=str) + "\n")
     card = shipped_card(src, sizes)
     if figures is not None:  # the quickstart's table for exactly these weights
         card += ("\n## Figures of these (int8) weights\n\nFrom `effrag quickstart` (dense MiniLM retriever, the bundled "
                  "dev questions, corpus = the bundled sample's contexts):\n\n" + figures.read_text().split("\n", 2)[-1])
-    (dst / "README.md").write_text(card)
+    write_text_atomic(dst / "README.md", card)
     return info
 
 
@@ -73,7 +74,7 @@ def export_checkpoint(kind: str, src: Path, dst: Path) -> dict:
             shutil.copy(src / name, dst / ("TRAINING.md" if name == "README.md" else name))
     info = portable({"source": str(src), "source_sha256": {WEIGHTS_NAME: file_sha256(src / WEIGHTS_NAME)},
                      "int8_bytes": {kind: (dst / COMPACT_NAME).stat().st_size}, **provenance()})
-    (dst / "export.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    write_text_atomic(dst / "export.json", json.dumps(info, indent=2, default=str) + "\n")
     return info
 
 

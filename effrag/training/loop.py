@@ -36,6 +36,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..provenance import portable
+from ..state_files import write_text_atomic
 from .build import (build_model, checkpoints_supported, make_accelerator, optimizer_groups, preflight, run_info,
                     schedule_lengths)
 from .checkpoint_files import read_checkpoint, seal_checkpoint, write_checkpoint
@@ -170,7 +171,7 @@ def train(cfg: Config, overwrite: bool = False) -> dict:
     if accelerator.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out_dir / "config.yaml")
-        (out_dir / "run_info.json").write_text(json.dumps(info, indent=2) + "\n")
+        write_text_atomic(out_dir / "run_info.json", json.dumps(info, indent=2) + "\n")
     if tc.report_to != "none":
         accelerator.init_trackers(tc.project, config=cfg.to_dict(),
                                   init_kwargs={"wandb": {"name": tc.run_name, "dir": str(out_dir)}})
@@ -190,7 +191,8 @@ def train(cfg: Config, overwrite: bool = False) -> dict:
             tmp = path.with_name(path.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict, training=training_ref)
-            (tmp / "metrics.json").write_text(json.dumps({"step": state["global_step"], **(metrics or {})}, indent=2))
+            write_text_atomic(tmp / "metrics.json", json.dumps({"step": state["global_step"], **(metrics or {})},
+                                                               indent=2))
             shutil.rmtree(path, ignore_errors=True)
             tmp.rename(path)
         accelerator.wait_for_everyone()
@@ -303,8 +305,7 @@ def train(cfg: Config, overwrite: bool = False) -> dict:
     if in_sync is False:
         accelerator.print("WARNING: model parameters differ across processes")
     if accelerator.is_main_process:
-        tmp = out_dir / (RESULTS_NAME + ".tmp")
-        tmp.write_text(json.dumps(results, indent=2) + "\n")
-        tmp.replace(out_dir / RESULTS_NAME)  # atomic: a kill while writing it leaves an unfinished run
+        # atomic: a kill while writing it leaves an unfinished run
+        write_text_atomic(out_dir / RESULTS_NAME, json.dumps(results, indent=2) + "\n")
     accelerator.end_training()
     return results

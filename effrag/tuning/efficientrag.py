@@ -22,6 +22,7 @@ from typing import Any, Iterable, Sequence
 from ..evaluation.metrics import recall
 from ..pipelines.efficientrag import EfficientRAGConfig
 from ..pipelines.result import Result
+from ..state_files import write_text_atomic
 
 
 def _bool(v: str) -> bool:
@@ -291,7 +292,7 @@ def run_grid(loop, texts: Sequence[str], gold: Sequence[Sequence[str]], grid: Se
     cfg_path = out / "tune_config.json"  # every grid run into this folder (results.jsonl holds them all)
     grids = json.loads(cfg_path.read_text()).get("grids", []) if cfg_path.is_file() else []
     grids += [list(grid_spec)] if grid_spec and list(grid_spec) not in grids else []
-    cfg_path.write_text(json.dumps({**setup, "grids": grids}, indent=2))
+    write_text_atomic(cfg_path, json.dumps({**setup, "grids": grids}, indent=2))
     config_key = lambda row: json.dumps(row["config"], sort_keys=True)  # noqa: E731
     try:
         with ResultLog(out / "results.jsonl", config_key, where=lambda row: same_run(row["setup"], setup)) as log:
@@ -316,15 +317,15 @@ def run_grid(loop, texts: Sequence[str], gold: Sequence[Sequence[str]], grid: Se
         loop.config = base
     best = best_within(rows, chunk_budget)
     if best:
-        (out / "best.json").write_text(json.dumps({"config": best["config"], "metrics": {
+        write_text_atomic((out / "best.json"), json.dumps({"config": best["config"], "metrics": {
             k: best[k] for k in ("recall", "avg_chunks", "iterations", "empty_pool", "seen_recall", "avg_seen")
             if k in best}, "curve": best.get("curve"), "setup": setup}, indent=2))
     direct = direct_r_curve(loop.retriever, texts, gold, max(curve_max, direct_k_max))  # @20/@30: Table-2 shape
     per_budget = best_per_budget(rows, range(1, curve_max + 1))
-    (out / "curve.json").write_text(json.dumps({"setup": setup, "direct_r": direct, "efficientrag": per_budget},
+    write_text_atomic((out / "curve.json"), json.dumps({"setup": setup, "direct_r": direct, "efficientrag": per_budget},
                                                indent=2))
     table = tuning_report(rows, best, direct, per_budget, chunk_budget, setup)
-    (out / "table.md").write_text(table)
+    write_text_atomic((out / "table.md"), table)
     return {"rows": rows, "best": best, "direct": direct, "table": table}
 
 

@@ -24,10 +24,10 @@ def write_gz_json(path: str | Path, data: Any) -> Path:
     """``data`` as gzipped compact JSON at ``path``, written whole or not at all (a ``.partial`` file renamed)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
-        json.dump(data, f, separators=(",", ":"))
-    tmp.replace(path)
+    from ..state_files import atomic_path
+
+    with atomic_path(path) as tmp, gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
+        f.write(json.dumps(data, separators=(",", ":")))
     return path
 
 

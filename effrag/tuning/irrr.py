@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..state_files import write_text_atomic
+
 
 def replay(steps: list[dict], threshold: float, return_k: int | None = None,
            fill_order: str = "rerank") -> tuple[str, list[str], int, int]:
@@ -112,13 +114,13 @@ def tune_irrr(model, data: str | Path, output: str | Path, *, datasets: Sequence
                        first_ks=first_ks, k=k, max_path=max_path)
     grid = score_grid(runs, answer_thresholds, fill_orders, return_k)
     best = max(grid, key=lambda e: (round(e[objective], 6), -e["read"]))
-    (output / "grid.json").write_text(json.dumps({"config": settings or {}, "grid": grid}, indent=2))
+    write_text_atomic((output / "grid.json"), json.dumps({"config": settings or {}, "grid": grid}, indent=2))
     cfg = {"query_threshold": best["query_threshold"], "answer_threshold": best["answer_threshold"],
            "max_path": max_path, "k": k}
     cfg.update({key: value for key, value in (("first_k", best["first_k"]), ("return_k", return_k)) if value})
     if return_k and best["fill_order"] != "rerank":
         cfg["fill_order"] = best["fill_order"]
-    (output / "best.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    write_text_atomic((output / "best.json"), json.dumps(cfg, indent=2) + "\n")
     head = ["query_threshold", "first_k", "answer_threshold", "fill_order", f"mean {objective}", "mean read"]
     head += [f"{ds} {m}" for ds in datasets for m in ("recall", "f1", "returned", "read")]
     ranked = sorted(grid, key=lambda e: (-round(e[objective], 6), e["read"]))
@@ -126,7 +128,7 @@ def tune_irrr(model, data: str | Path, output: str | Path, *, datasets: Sequence
               f"{e['read']:.1f}"] + [f"{e[ds][m]:.4f}" if m in ("recall", "f1") else f"{e[ds][m]:.1f}"
                                      for ds in datasets for m in ("recall", "f1", "returned", "read")]
              for e in ranked]
-    (output / "table.md").write_text(
+    write_text_atomic((output / "table.md"), 
         f"IRRR tuning on the first {limit} dev questions per dataset, objective mean {objective}; "
         f"k={k}, max_path={max_path}, return_k={return_k}. Best first.\n\n"
         + md_table(head, [[str(c) for c in row] for row in table]))

@@ -161,7 +161,9 @@ def _write(path: Path, pick: Mapping[str, Any], searcher: tuple, crossfitted: Ma
                 ": ") + "the simplest config whose recall is within one standard error of the best's"
     config = dict(pick["config"])
     ranker = config.pop("ranker", None)  # which of the system's rankers: the file's, not a loop option
-    path.write_text(json.dumps({
+    from ..state_files import write_text_atomic
+
+    write_text_atomic(path, json.dumps({
         "config": config, "retriever": retriever, **({"encoder": encoder} if encoder else {}),
         **({"ranker": ranker} if ranker and ranker != "ranker" else {}),
         "chosen_on": {"questions": chosen_on, "n": pick["chosen_on"], "rule": how, **({"over": over} if over else {})},

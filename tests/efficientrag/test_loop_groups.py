@@ -6,6 +6,7 @@ the bundled HotpotQA train sample, a real kill -9 and a real torn write for the 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -132,3 +133,73 @@ def test_ranker_data_needs_one_source_and_loop_config_goes_with_from_loop(system
     code, _, err = run_cli(["ranker-data", "--from-loop", tmp_path, "--inputs", TRAIN, "--output", tmp_path / "o"],
                            capsys)
     assert code == 2 and "not an EfficientRAG system folder" in err
+
+
+def _stopped(system, out, limit: int, batches: int, monkeypatch):
+    """A run of the first ``limit`` questions stopped after ``batches`` batches (Ctrl-C in the loop): its partial
+    output and progress record as the real code left them."""
+    from data_synthesis.loop_groups import write_loop_groups
+    from effrag.pipelines.efficientrag import EfficientRAGLoop
+
+    run_states, done = EfficientRAGLoop.run_states, []
+
+    def stop_after(self, questions):
+        if len(done) == batches:
+            raise KeyboardInterrupt
+        done.append(len(questions))
+        return run_states(self, questions)
+
+    with monkeypatch.context() as m:
+        m.setattr(EfficientRAGLoop, "run_states", stop_after)
+        with pytest.raises(KeyboardInterrupt):
+            write_loop_groups(system, [TRAIN], out, retriever="bm25", depth=4, batch_size=4, limit=limit,
+                              show_progress=False)
+    return json.loads((out / "loop_groups.progress.json").read_text())
+
+
+@pytest.mark.parametrize("cut", ["5000 bytes short", "before the first batch end"])
+def test_a_partial_shorter_than_its_progress_is_never_padded(system, made, tmp_path, monkeypatch, caplog, cut):
+    """An unclean shutdown can leave ranker.jsonl.partial shorter than the offset its progress records (flushed, not
+    on disk, when the progress was replaced). The resume used to truncate() it to that offset, which extends a
+    shorter file with NUL bytes: exit 0 and a ranker.jsonl line of 5,000 NULs. Now it resumes after the last
+    recorded batch the file still holds whole, or starts again, saying so in one line; the output is the
+    uninterrupted one."""
+    from data_synthesis.loop_groups import write_loop_groups
+
+    out, limit = tmp_path / "cut", 24
+    progress = _stopped(system, out, limit, batches=4 if cut == "5000 bytes short" else 2, monkeypatch=monkeypatch)
+    partial = out / "ranker.jsonl.partial"
+    assert progress["questions"] in (8, 16) and partial.stat().st_size == progress["bytes"]
+    os.truncate(partial, progress["bytes"] - 5000 if cut == "5000 bytes short" else 10)
+    with caplog.at_level(logging.WARNING, logger="data_synthesis.loop_groups"):
+        info = write_loop_groups(system, [TRAIN], out, retriever="bm25", depth=4, batch_size=4, limit=limit,
+                                 show_progress=False)
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "data_synthesis.loop_groups"]
+    assert str(partial) in warning and f"shorter than the {progress['bytes']} its progress recorded" in warning
+    if cut == "5000 bytes short":
+        assert "resuming after question" in warning and f"instead of {progress['questions']}" in warning
+    else:
+        assert "holds none of the recorded batches whole: starting this output again" in warning
+    got = (out / "ranker.jsonl").read_bytes()
+    first = {json.loads(x)["qid"] for x in got.splitlines()}
+    want = [x for x in (made / "ranker.jsonl").read_bytes().splitlines(keepends=True) if json.loads(x)["qid"] in first]
+    assert b"\0" not in got and got == b"".join(want)  # the uninterrupted run's groups of those questions, in order
+    assert info["questions"] == limit and info["groups"] == len(want)
+
+
+@pytest.mark.parametrize("name", ["loop_groups.progress.json", "ranker_data.json"])
+def test_a_torn_state_file_is_one_line_naming_it(system, made, tmp_path, monkeypatch, capsys, name):
+    """A torn progress record (of a partial output) or ranker_data.json (of a finished one) ended in
+    `effrag: error: Expecting value: line 1 column 10`, naming no file."""
+    from helpers import run_cli
+
+    out = tmp_path / "torn"
+    if name == "ranker_data.json":
+        shutil.copytree(made, out)
+    else:
+        _stopped(system, out, 8, batches=1, monkeypatch=monkeypatch)
+    os.truncate(out / name, 9)
+    code, _, err = run_cli(["ranker-data", "--from-loop", system, "--inputs", TRAIN, "--output", out, *ARGS], capsys)
+    lines = [x for x in err.replace("\r", "\n").splitlines() if x.startswith("effrag:")]
+    assert code == 2 and "Traceback" not in err and len(lines) == 1
+    assert lines[0].startswith(f"effrag: error: {out / name}: not a readable state file (torn or damaged JSON: ")

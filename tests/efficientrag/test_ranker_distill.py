@@ -124,6 +124,59 @@ def test_ranker_teacher_names_a_bad_line(tmp_path, tiny_efficientrag_dirs, capsy
     assert code == 2 and len(lines) == 1 and f"{bad}:2: not a ranker group" in lines[0]
 
 
+GROUP = b'{"query": "q", "candidates": [{"title": "t", "text": "x", "gold": 1}]}\n'
+
+
+@pytest.mark.parametrize("data, message", [
+    (GROUP + b'{"query": "q", "candidates": [{"title": "t", "text": 5, "gold": 1}]}\n',
+     "{bad}:2: candidates[0] field 'text': expected a string, got int 5"),
+    (GROUP + b'{"query": "caf\xe9", "candidates": []}\n',  # latin-1
+     "{bad}:2: not UTF-8 (byte 0xe9 at column 15, byte offset 85); re-save the file as UTF-8"),
+    (b"", "{bad}: no ranker groups (an empty file); make it with `effrag ranker-data`"),
+], ids=["text-not-a-string", "latin-1-byte", "empty-file"])
+def test_ranker_teacher_inputs_it_cannot_score_are_one_line_naming_file_and_line(tmp_path, tiny_efficientrag_dirs,
+                                                                                capsys, data, message):
+    """A wrong type was a TypeError traceback, a latin-1 byte an error naming no file, an empty file exit 0 with 0
+    groups written."""
+    from helpers import run_cli
+
+    bad = tmp_path / "ranker.jsonl"
+    bad.write_bytes(data)
+    code, _, err = run_cli(["ranker-teacher", "--data", bad, "--teacher", str(tiny_efficientrag_dirs["ranker"]),
+                            "--output", tmp_path / "out", "--quiet"], capsys)
+    lines = [x for x in err.splitlines() if x.strip() and "Loading weights" not in x]
+    assert code == 2 and "Traceback" not in err and lines == [f"effrag: error: {message.format(bad=bad)}"]
+    assert not (tmp_path / "out" / "ranker.jsonl").exists()
+
+
+@pytest.mark.parametrize("name", ["ranker_teacher.partial.json", "ranker_teacher.json", "ranker_data.json"])
+def test_a_torn_teacher_state_file_is_one_line_naming_it(groups, scored, tiny_efficientrag_dirs, tmp_path, capsys,
+                                                         name):
+    """Each ended in `effrag: error: Expecting value: line 1 column 10`, naming no file: the settings of a partial
+    run, a finished run's record, and the ranker_data.json of the groups scored."""
+    import shutil
+
+    from helpers import run_cli
+
+    data, out = groups / "groups", tmp_path / "out"
+    if name == "ranker_data.json":  # the groups' own record, read once they are scored
+        data = shutil.copytree(groups / "groups", tmp_path / "groups")
+        torn = data / name
+    elif name == "ranker_teacher.json":  # a finished output, checked for reuse
+        torn = shutil.copytree(scored, out) / name
+    else:  # a partial output's settings
+        out.mkdir()
+        (out / "ranker.jsonl.partial").write_bytes((scored / "ranker.jsonl").read_bytes().splitlines(True)[0])
+        torn = out / name
+        torn.write_text(json.dumps({"data": str(data), "data_bytes": 0}))
+    torn.write_bytes(torn.read_bytes()[:9])
+    code, _, err = run_cli(["ranker-teacher", "--data", data, "--teacher", str(tiny_efficientrag_dirs["ranker"]),
+                            "--output", out, "--quiet"], capsys)
+    lines = [x for x in err.splitlines() if x.strip() and "Loading weights" not in x]
+    assert code == 2 and "Traceback" not in err and len(lines) == 1, err
+    assert lines[0].startswith(f"effrag: error: {torn}: not a readable state file (torn or damaged JSON: ")
+
+
 # ---------------------------------------------------------------------- the student
 def _agreement(model, scored) -> float:
     """Spearman correlation of the model's scores with the teacher's over every candidate of the scored groups."""

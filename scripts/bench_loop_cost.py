@@ -127,7 +127,9 @@ def main(argv=None) -> int:
           f"models on the {device_name}. *unit* = one plain MiniLM-L6 (Labeler) forward per (query, "
           f"chunk) pair the loop read (trained length, length-sorted batches of 64, {args.unit_pairs} pairs), the "
           f"faster of fp32 and bf16 (here: {', '.join(modes)}), one batch timed after each loop batch of each "
-          "variant; *ratio* = loop s/q ÷ unit: pair-forward equivalents per question (issue #45 target ≤ 12). "
+          "variant; *ratio* = loop s/q ÷ unit: pair-forward equivalents per question, batched throughput (issue #45 "
+          "target ≤ 12); *ratio single*: the same with the questions run one at a time, as `effrag eval` and "
+          "`effrag retrieve` run them. "
           "*read/q*: the inputs each model read per question; *pairs/q*: every chunk the loop read, by any model. "
           "Stage seconds are the loop's own per-result timing (labeler includes the ranker). *Δ pts* = recall minus "
           "the shipped config's. Recall is in-sample (these dev questions chose the configs).\n",

@@ -368,7 +368,8 @@ def main(argv=None) -> int:
                 "error of the best recall" + ("" if args.rule == "best" else " among the cheapest one's structure"))
     note = (f"Recall %. EfficientRAG figures are cross-fitted ({args.folds} folds, seed {args.seed}): each question "
             f"is scored by the config chosen on the other folds ({how}; loop.json: jointly over the datasets). "
-            f"Questions: {who}. Retriever under the loop: {report['retriever']}.\n")
+            f"Questions: {who}. Retriever under the loop: {report['retriever']}"
+            + (f", its dense leg {report['encoder']}" if report.get("encoder") else "") + ".\n")
     (args.output / "table2.md").write_text(note + "\n" + t2)
     (args.output / "curve.md").write_text("Recall % at k chunks (cross-fitted), against the strongest Direct-R@k "
                                           "(its retriever in brackets)\n\n" + cv)
@@ -380,14 +381,18 @@ def main(argv=None) -> int:
         "read with (ranker: its own; ranker-teacher: the larger one it was distilled from). *pair reads/q* weighs "
         "each read by its input length (a Filter input is 0.25 of a pair) and a ranker read by the ranker's layers "
         "and own input length against the Labeler's; seconds are scripts/bench_loop_cost.py's.\n\n" + pt + "\n")
-    st, report["selection"] = selection_table(tunes, floors, margin, factors, args.budgets, args.folds, args.seed, skip)
+    # every rule side by side, the bar's (the shipped rule before issue #67) included whatever --rule chose
+    st, report["selection"] = selection_table(tunes, bars, margin, factors, args.budgets, args.folds, args.seed, skip)
     (args.output / "selection.md").write_text(
         "How much each selection rule fits the questions that chose: per fold, the chosen config's recall % on its "
         "choosing questions (in-sample) against the held-out fold's; *gap* is their difference averaged over the "
         f"{args.folds} folds (seed {args.seed}), *held-out* the pooled cross-fitted recall. *simplest within 1 SE*: of "
         "the configs the rule would choose among (for the cheapest rule: the cheapest config's options but the "
         "pool weights), the one with the fewest and smallest pool bonuses whose recall is within one standard "
-        "error of the best one's. Questions: every dev question but the bundled sample's.\n\n" + st + "\n")
+        "error of the best one's. *cheapest within 1 SE*: each cost point's recall cross-fitted within the choosing "
+        "questions, the cheapest point within one standard error of the best point, its best-recall pool weights "
+        "(nested: the outer folds never choose). Questions: every dev question but the bundled sample's.\n\n"
+        + st + "\n")
     (args.output / "margins.md").write_text(margins_md(report, args.folds, args.seed))
     (args.output / "crossfit.json").write_text(json.dumps(report, indent=1, default=str))
     try:

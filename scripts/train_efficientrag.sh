@@ -23,10 +23,11 @@
 #    over RETRIEVER, every question's result kept; with the teacher too, efficientrag_recipe_teacher.yaml's grid, so
 #    that a dataset whose bar the student cannot keep cheaply reads with the teacher: "ranker": "ranker-teacher"),
 #    then scripts/efficientrag_report.py: per-dataset and joint configs chosen on the dev questions but the bundled
-#    sample's (the quickstart's): the cheapest cost point whose recall keeps the bar (the strongest Direct-R@20 at 7
-#    chunks and @30 at 10, on the choosing questions, + MARGIN; RULE=best for the best recall instead), and of
-#    that point's pool weights the simplest within one standard error of the best recall (PREFER=recall: the best),
-#    5-fold cross-fitted recall at <= 7 and <= 10 chunks against the strongest of BM25, dense and hybrid Direct-R,
+#    sample's (the quickstart's) by recall first (issue #67): the best recall at <= 7 and <= 10 chunks, and
+#    loop-<dataset>.json ships loop.json's config where the dataset's own pick does not beat it cross-fitted
+#    (FALL_BACK=0: never; RULE=cheapest: the cheapest cost point that keeps the strongest Direct-R + MARGIN, the
+#    rule before; PREFER=simple or cheap: the simplest pool weights, or the cheapest cost point, within one standard
+#    error of the best), 5-fold cross-fitted recall at <= 7 and <= 10 chunks against the strongest of BM25, dense and hybrid Direct-R,
 #    the cost points' Pareto table and the card.
 # 5. The student again, where it reads (LOOP_DISTILL=0 skips it): `effrag ranker-data --from-loop` makes one group of
 #    each search the tuned system's loop (loop.json) makes over the train questions (the query as the ranker reads
@@ -37,8 +38,8 @@
 # Every stage resumes; finished stages are reused.
 # Env: DATA (default ../shared/data), PROCESSES (CPU processes, default 1), BIN (default .venv/bin), LAUNCH (raw
 # `accelerate launch` arguments for GPUs, e.g. LAUNCH="--multi_gpu --num_processes 4"), RETRIEVER (the loop's
-# retriever, default hybrid), ENCODER (its dense leg's encoder, default e5-small; the loop configs name it), NEG_PER_QUERY, CONTEXT_NEG, TUNE_GRID, FOLDS (default 5), RULE (cheapest or best),
-# MARGIN (points, or se: one standard error, the default), PREFER (simple, the default, or recall), LOOP_DISTILL (0:
+# retriever, default hybrid), ENCODER (its dense leg's encoder, default e5-small; the loop configs name it), NEG_PER_QUERY, CONTEXT_NEG, TUNE_GRID, FOLDS (default 5), RULE (best, the default, or cheapest),
+# MARGIN (points, or se: one standard error, the default), PREFER (recall, the default, simple or cheap), FALL_BACK (1, the default, or 0), LOOP_DISTILL (0:
 # no step 5), NAME (checkpoint name, default the dataset), LABELER_ARGS (Labeler-only overrides), RANKER_ARGS
 # (ranker-only overrides), TUNE_ONLY=DIR (no synthesis
 # or training: tune the system DIR/{labeler,filter,ranker} and write DIR/loop*.json; how the package's int8 copy is
@@ -120,7 +121,8 @@ tune_and_report() {  # $1: the student's tune folders' suffix; the teacher's row
   local encoders=(minilm)
   [ "$ENCODER" = minilm ] || encoders+=("$ENCODER")
   "$BIN/python" scripts/efficientrag_report.py --tune "${tunes[@]}" --data "$DATA" --folds "$FOLDS" --system "$ck" \
-    --encoders "${encoders[@]}" --rule "${RULE:-cheapest}" --margin "${MARGIN:-se}" --prefer "${PREFER:-simple}" --output "runs/tune/$name-report$1"
+    --encoders "${encoders[@]}" --rule "${RULE:-best}" --margin "${MARGIN:-se}" --prefer "${PREFER:-recall}" \
+    $([ "${FALL_BACK:-1}" = 0 ] || echo --fall-back) --output "runs/tune/$name-report$1"
 }
 tune_and_report ""
 if [ -z "${TUNE_ONLY:-}" ] && [ "${LOOP_DISTILL:-1}" != 0 ]; then

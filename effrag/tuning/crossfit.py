@@ -122,9 +122,9 @@ def _best(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]],
     ``floors`` the set is the cheapest config's structure (its options but the pool weights) among those that keep
     the bar, so that pool weights whose reads differ by noise are compared as one cost point.
 
-    ``prefer="cheap"`` (*recall first, cost breaks ties*, the rule the shipped configs are chosen by since issue
-    #67): every cost point competes on its cross-fitted recall over the members; of those within one standard error
-    of the best, the cheapest, then the simplest; that point's best-recall config (:func:`cheapest_within_se`)."""
+    ``prefer="cheap"`` (issue #67's *cost breaks ties*, measured and not shipped: the shipped configs are the best
+    recall): every cost point competes on its cross-fitted recall over the members; of those within one standard
+    error of the best, the cheapest; that point's best-recall config (:func:`cheapest_within_se`)."""
     if prefer not in PREFER:
         raise ValueError(f"prefer={prefer!r}: expected one of {', '.join(map(repr, PREFER))}")
     bad = [b for b in budgets if b not in next(iter(cands.values())).caps]
@@ -228,12 +228,14 @@ def within_se(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[in
         return [sum(cands[d].scores[key][b][i][0] for b in budgets) / len(budgets) for d in cands for i in members[d]]
 
     top = per_question(best)
-    within = []
-    for key in pool:
-        diff = [m - t for m, t in zip(per_question(key), top)]
-        if sum(diff) / len(diff) >= -standard_error(diff) - 1e-12:
-            within.append(key)
-    return within
+    return [key for key in pool if _within_one_se(per_question(key), top)]
+
+
+def _within_one_se(mine: Sequence[float], top: Sequence[float]) -> bool:
+    """Whether per-question scores ``mine`` are, on average, within one standard error of the per-question difference
+    to ``top``."""
+    diff = [m - t for m, t in zip(mine, top)]
+    return sum(diff) / len(diff) >= -standard_error(diff) - 1e-12
 
 
 def cheapest_within_se(cands: Mapping[str, Candidates], members: Mapping[str, Sequence[int]],
@@ -241,14 +243,13 @@ def cheapest_within_se(cands: Mapping[str, Candidates], members: Mapping[str, Se
     """Recall first, cost breaks ties (issue #67). Every cost point (:func:`structure`: a config's options but its
     pool weights) competes on its *cross-fitted* recall over the member questions: ``inner`` folds of them, each
     scored by the point's best-recall pool weights chosen on the other inner folds. Of the points within one standard
-    error (per-question difference) of the best one's, the cheapest (mean reading cost of its configs on the members),
-    then the simplest (:func:`complexity` of its weights), then the first; the shipped config is that point's best
-    recall on every member.
+    error (per-question difference) of the best one's, the cheapest (mean reading cost of its configs on the
+    members), then the first; the config returned is that point's best recall on every member.
 
-    Why cross-fitted: a point with more pool-weight combinations fits its choosing questions more (MuSiQue's 126
-    questions, 72 weightings); compared in-sample, the cheaper point looked within the noise and lost 1.5-2 points on
-    the held-out folds (``reports/efficientrag/ship-for-recall/selection.md``). Called from :func:`crossfit` on each
-    outer fold's choosing questions, the whole rule is nested: no question scores a choice it took part in."""
+    Why cross-fitted: a point's in-sample recall is the best of its pool weightings (72 in the recipe's grid), so it
+    fits its choosing questions; compared in-sample, points differ by their fit as much as by their recall. Called
+    from :func:`crossfit` on each outer fold's choosing questions, the whole rule is nested: no question scores a
+    choice it took part in (``reports/efficientrag/ship-for-recall/selection.md``)."""
     by_point: dict[str, list[str]] = {}
     for key in pool:
         by_point.setdefault(structure(cands_config(cands, key)), []).append(key)
@@ -274,18 +275,14 @@ def cheapest_within_se(cands: Mapping[str, Candidates], members: Mapping[str, Se
 
     recall = {point: held_out(keys) for point, keys in by_point.items()}
     best = max(sorted(by_point), key=lambda point: sum(recall[point]))
-    within = []
-    for point in sorted(by_point):
-        diff = [m - t for m, t in zip(recall[point], recall[best])]
-        if sum(diff) / len(diff) >= -standard_error(diff) - 1e-12:
-            within.append(point)
+    within = [point for point in sorted(by_point) if _within_one_se(recall[point], recall[best])]
 
     def point_cost(point: str) -> float:
         keys = by_point[point]
         per_key = [sum(cands[d].read_cost(key, members[d]) for d in cands) / len(cands) for key in keys]
         return round(sum(per_key) / len(per_key), 9)
 
-    point = min(within, key=lambda pt: (point_cost(pt), complexity(cands_config(cands, by_point[pt][0])), pt))
+    point = min(within, key=lambda pt: (point_cost(pt), pt))
     return _top(by_point[point], score)
 
 

@@ -30,6 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 SUBCOMMANDS: list[str] = [
     "effrag.cli:add_corpus_parser",
     "effrag.cli:add_index_parser",
+    "effrag.codec_cli:add_codec_parser",
     "effrag.cli:add_eval_parser",
     "effrag.retrieve_cli:add_retrieve_parser",
     "effrag.quickstart:add_quickstart_parser",
@@ -103,7 +104,7 @@ def _cmd_corpus_build(args) -> None:
 # ---------------------------------------------------------------------------- index
 def add_index_parser(sub) -> None:
     p = sub.add_parser("index", help="build or verify a retrieval index")
-    isub = p.add_subparsers(dest="index_cmd", required=True, metavar="{build,encode,verify}")
+    isub = p.add_subparsers(dest="index_cmd", required=True, metavar="{build,encode,vectors,verify}")
     b = isub.add_parser("build", help="index a corpus.jsonl or a folder of text files into DIR (resumes an "
                                       "interrupted dense build)")
     b.add_argument("--corpus", required=True, metavar="corpus.jsonl|DIR",
@@ -113,6 +114,10 @@ def add_index_parser(sub) -> None:
     b.add_argument("--output", required=True, metavar="DIR", type=output_dir)
     b.add_argument("--overwrite", action="store_true",
                    help="replace the index already in DIR (its files are removed first; other files stay)")
+    b.add_argument("--system", metavar="NAME|DIR",
+                   help="also build this EfficientRAG system's late-interaction chunk vectors into DIR/late-vectors "
+                        "(e.g. efficientrag-all): opened over this index, it reads them on demand at any corpus size "
+                        "(docs/scale.md); resumable with `effrag index vectors`")
     s = b.add_argument_group("scale (docs/scale.md)")
     s.add_argument("--backend", choices=["faiss", "milvus"], default="faiss",
                    help="where dense vectors live: a FAISS file in DIR (default) or a Milvus collection")
@@ -137,6 +142,12 @@ def add_index_parser(sub) -> None:
                    help="the index folder `effrag index build --output DIR` will read the shards from")
     _add_encode_args(e)
     e.set_defaults(func=_cmd_index_encode)
+    vec = isub.add_parser("vectors", help="build (or finish, after a kill) a system's late-interaction chunk vectors "
+                                          "beside a saved index, resumably and data-parallel (torchrun -m effrag.cli "
+                                          "index vectors ...)")
+    vec.add_argument("--index", required=True, metavar="DIR", help="an index folder (effrag index build --output)")
+    vec.add_argument("--system", required=True, metavar="NAME|DIR", help="an EfficientRAG system (efficientrag-all)")
+    vec.set_defaults(func=_cmd_index_vectors)
     v = isub.add_parser("verify", help="check every file of a saved index against its recorded sha256 (full read)")
     v.add_argument("index", metavar="DIR")
     v.add_argument("--cheap", action="store_true", help="sizes + sampled hashes only (the check done on every load)")
@@ -221,6 +232,29 @@ def _cmd_index_build(args) -> None:
     retriever.save(out)
     shutil.rmtree(out / "emb_shards", ignore_errors=True)
     print(f"wrote {kind} index of {len(corpus)} passages to {out}")
+    if args.system:
+        _build_vectors(args.system, retriever, corpus.passages, out)
+
+
+def _build_vectors(system: str, retriever, passages, out: Path) -> None:
+    from effrag.models.late_vectors import VECTORS_DIR
+    from effrag.pipelines.efficientrag.vectors import build_system_vectors
+    from effrag.retrieval import init_distributed
+
+    rank, world = init_distributed()
+    print(f"building the late-interaction chunk vectors of {system} into {out / VECTORS_DIR} (a kill keeps the "
+          f"finished parts: `effrag index vectors --index {out} --system {system}` finishes them)", file=sys.stderr)
+    stats = build_system_vectors(system, retriever, passages, out / VECTORS_DIR, rank=rank, world=world)
+    print(f"rank {rank}/{world}: {stats['encoded']} chunks encoded, {stats['found']} already stored, "
+          f"{len(stats['variants'])} variant(s), {stats['seconds']:.1f} s")
+
+
+def _cmd_index_vectors(args) -> None:
+    from effrag.setup import open_index
+
+    retriever = open_index(args.index)
+    _build_vectors(args.system, retriever, retriever.corpus.passages if hasattr(retriever.corpus, "passages")
+                   else list(retriever.corpus), Path(args.index))
 
 
 # ---------------------------------------------------------------------------- eval

@@ -105,7 +105,9 @@ def open_index(index: str | Path, *, kind: str | None = None, corpus: Any = None
                          "the index says what it is)")
     if corpus is not None and not isinstance(corpus, Corpus):
         corpus = Corpus.from_jsonl(corpus)
-    return load_retriever(index, corpus=corpus, encoder_path=encoder, bf16=bf16, **runtime)
+    retriever = load_retriever(index, corpus=corpus, encoder_path=encoder, bf16=bf16, **runtime)
+    retriever.index_dir = Path(index)  # where a system finds the chunk vectors built with it (effrag index build --system)
+    return retriever
 
 
 def as_retriever(retriever: Any, corpus: Any = None) -> Any:

@@ -33,7 +33,8 @@
 #    each search the tuned system's loop (loop.json) makes over the train questions (the query as the ranker reads
 #    it, the top 20 hits), the teacher scores them, configs/ranker_distilled_loop.yaml trains the student one more
 #    epoch on them (installed over ranker/), configs/late_ranker.yaml trains the late-interaction ranker on the same
-#    groups (installed as ranker-late/: a chunk is read once, at index time), and step 4 runs again with the student's
+#    groups (installed as ranker-late/: a chunk is read once, at index time), `effrag ranker-codec` fits its vectors'
+#    codec on the train passages (stored at about 1.5 KB a chunk), and step 4 runs again with the student's
 #    rows and the late ranker's (runs/tune/<name>-<dataset>-loop, runs/tune/<name>-<dataset>-late).
 # Every stage resumes; finished stages are reused.
 # Env: DATA (default ../shared/data), PROCESSES (CPU processes, default 1), BIN (default .venv/bin), LAUNCH (raw
@@ -134,6 +135,9 @@ if [ -z "${TUNE_ONLY:-}" ] && [ "${LOOP_DISTILL:-1}" != 0 ]; then
     --output "runs/ranker/train_${ds}_loop_teacher" --bf16
   "$BIN/python" scripts/train_models.py --models ranker_distilled_loop,late_ranker --name "$name" \
     --teacher-data "runs/ranker/train_${ds}_loop_teacher" --processes "${PROCESSES:-1}" ${LAUNCH:+--launch-args "$LAUNCH"}
+  # the late ranker's codec (issue #68): its chunk vectors stored as product-quantised codes, fitted on the train
+  # files' passages, before its rows are tuned (the loop reads the codes, so the tuning does too)
+  "$BIN/effrag" ranker-codec --model "$ck/ranker-late" --inputs "${inputs[@]}"
   tune_and_report "-loop"
 fi
 echo "EfficientRAG system in $ck: labeler/, filter/, ranker/, loop.json, loop-{hotpotqa,2wikimqa,musique}.json"

@@ -26,11 +26,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from .heads import DEFAULT_OPTIONS, EncoderWithHeads, forward_batches
+from .late_codec import CODEC_NAME, ProductQuantizer
 from .late_vectors import VectorStore, chunk_digest, model_fingerprint, shard_chunks, store_folder
 from .ranker import RankerOutput, group_loss
 from .tokenization import IGNORE
 
-NOT_A_CANDIDATE = -1e4  # the score of a group's query row in training (never above a gold)
+NOT_A_CANDIDATE = -1e4
+CODEC_ENV = "EFFRAG_LATE_CODEC"  # 0: read a checkpoint without its codec (vectors kept as computed)  # the score of a group's query row in training (never above a gold)
 
 
 class LateRankerModel(EncoderWithHeads):
@@ -46,6 +48,46 @@ class LateRankerModel(EncoderWithHeads):
         self.proj = nn.Linear(hidden, int(self.options["dim"]), bias=False)
         self.log_scale = nn.Parameter(torch.zeros(()))
         self._vectors = ChunkVectors()
+        self.codec: ProductQuantizer | None = None  # with one, chunk vectors are kept as its codes (late_codec)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *args, **kwargs) -> "LateRankerModel":
+        """The checkpoint, and its codec where the checkpoint's recorded files name ``codec.safetensors`` (checked
+        with them, then against the SHA-256 inside it). ``$EFFRAG_LATE_CODEC=0`` leaves the codec out: the vectors
+        are then kept as computed (about 15x the bytes; what the codec's quality report compares with)."""
+        import os
+
+        from .model_files import read_effrag_config
+
+        model = super().from_pretrained(path, *args, **kwargs)
+        use = os.environ.get(CODEC_ENV, "1").strip()
+        if use not in ("0", "1"):
+            raise ValueError(f"{CODEC_ENV}={use!r}: expected 1 (use a checkpoint's codec, the default) or 0")
+        if use == "1" and CODEC_NAME in (read_effrag_config(path).get("files") or {}):
+            model.codec = ProductQuantizer.load(Path(path) / CODEC_NAME)
+        return model
+
+    def save_pretrained(self, path: str | Path, *args, **kwargs) -> None:
+        """As :meth:`EncoderWithHeads.save_pretrained`, with the codec (if any) saved and recorded beside."""
+        if self.codec is not None:
+            self.codec.save(path, self._codec_provenance)
+        super().save_pretrained(path, *args, **kwargs)
+
+    _codec_provenance: dict | None = None
+
+    def attach_codec(self, path: str | Path, codec: ProductQuantizer, provenance: dict | None = None) -> None:
+        """Give this model ``codec`` and add it to its saved folder ``path``: ``codec.safetensors`` written and
+        recorded among the checkpoint's files (the weights untouched). The stores' variant names the codec, so
+        vectors made before are never read as codes."""
+        from ..integrity import file_record
+        from .model_files import read_effrag_config, update_effrag_config
+
+        written = codec.save(path, provenance)
+        files = dict(read_effrag_config(path).get("files") or {})
+        files[CODEC_NAME] = file_record(written)
+        update_effrag_config(path, files=files)
+        self.codec, self._codec_provenance = codec, provenance
+        self._forget_vectors()
 
     # -- the vectors --------------------------------------------------------------------------------
     def train(self, mode: bool = True) -> "LateRankerModel":
@@ -143,7 +185,7 @@ class LateRankerModel(EncoderWithHeads):
             self._vectors.weights = model_fingerprint(self)
         length, b16 = self._read_as(max_length, bf16)
         return {"weights": self._vectors.weights, "dim": int(self.options["dim"]), "dtype": "bf16" if b16 else "fp32",
-                "max_length": length}
+                "max_length": length, "codec": None if self.codec is None else self.codec.sha256[:16]}
 
     def vector_store(self, root: str | Path, bf16: bool, max_length: int | None) -> VectorStore:
         """This model's store of chunk vectors under ``root`` (one folder per :meth:`vector_variant`)."""
@@ -158,20 +200,36 @@ class LateRankerModel(EncoderWithHeads):
         return int(max_length or self.max_length), resolve_bf16(bf16, self.device.type)
 
     def vectors_of(self, words, max_length: int | None = None, bf16: bool = False) -> torch.Tensor | None:
-        """The vectors [T, dim] held in memory for a chunk read at ``max_length`` and ``bf16``, else None."""
-        return self._vectors.get((*self._read_as(max_length, bf16), tuple(words)))
+        """The vectors [T, dim] held in memory for a chunk read at ``max_length`` and ``bf16``, else None (with a
+        codec: decoded from the codes held)."""
+        payload = self._vectors.get((*self._read_as(max_length, bf16), tuple(words)))
+        return None if payload is None else self._decode(payload)
+
+    def _encode(self, vecs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """What is kept of each chunk's vectors: its codes with a codec, else the vectors as computed."""
+        return vecs if self.codec is None else [self.codec.compress(v) for v in vecs]
+
+    def _decode(self, payload: torch.Tensor) -> torch.Tensor:
+        return payload if self.codec is None else self.codec.decompress(payload)
+
+    def attach_store(self, store: VectorStore, max_length: int | None = None, bf16: bool = False) -> None:
+        """Read chunks missing from memory from ``store`` (on demand, memory-mapped) before encoding them: how a
+        corpus too large to load whole is read (:meth:`EfficientRAGLoop.prepare`). Only reads at the store's length
+        and precision use it."""
+        self._vectors.stores[self._read_as(max_length, bf16)] = store
 
     def _encode_chunks(self, keys: list[tuple], batch_size: int, bf16: bool, max_length: int | None,
                        store: VectorStore | None = None, progress=None) -> dict[tuple, torch.Tensor]:
         """Encode the chunks of ``keys`` (:meth:`_read_as` + words) in parts of
         :data:`~.late_vectors.SHARD_CHUNKS`, each part cached and (with ``store``) written as a shard before the next.
-        Returns every vector made (the cache may not hold them all)."""
+        Returns every payload made (the cache may not hold them all)."""
         made: dict[tuple, torch.Tensor] = {}
         limit = int(self.options["cache_chunks"])
         step = shard_chunks()
         for i in range(0, len(keys), step):
             part = keys[i: i + step]
-            vecs = self._encode_all([" ".join(k[-1]) for k in part], max_length or self.max_length, batch_size, bf16)
+            vecs = self._encode(self._encode_all([" ".join(k[-1]) for k in part], max_length or self.max_length,
+                                                 batch_size, bf16))
             if store is not None:
                 store.add([chunk_digest(k[-1]) for k in part], vecs)
             for key, vec in zip(part, vecs):
@@ -182,19 +240,26 @@ class LateRankerModel(EncoderWithHeads):
         return made
 
     def index(self, chunks: list[list[str]] | list[tuple[str, ...]], batch_size: int = 32, bf16: bool = False,
-              max_length: int | None = None, store: VectorStore | None = None, progress=None) -> dict[str, int]:
+              max_length: int | None = None, store: VectorStore | None = None, progress=None,
+              load: bool = True) -> dict[str, int]:
         """Have the vectors of every chunk not cached yet (index time): from ``store`` where it holds them, else
-        encoded (and added to ``store``). ``progress(n)`` is called as each part of n chunks is done. Returns how
-        many were ``loaded`` and how many ``encoded``."""
+        encoded (and added to ``store``, which questions then read on demand: :meth:`attach_store`). ``load``
+        False leaves the stored ones on disk (``effrag index build``: nothing is read into memory). ``progress(n)``
+        is called as each part of n chunks is done. Returns how many were ``loaded`` (or found, with ``load``
+        False) and how many ``encoded``."""
         length, b16 = self._read_as(max_length, bf16)
         keys = [k for k in OrderedDict.fromkeys((length, b16, tuple(c)) for c in chunks) if k not in self._vectors]
         loaded = 0
         if store is not None and keys:
+            self.attach_store(store, max_length, bf16)
             by_digest = {chunk_digest(k[-1]): k for k in keys}
             limit = int(self.options["cache_chunks"])
-            found = store.load(by_digest)
-            for d, vec in found.items():
-                self._vectors.put(by_digest[d], vec, limit)
+            if load:
+                found = store.load(by_digest)
+                for d, vec in found.items():
+                    self._vectors.put(by_digest[d], vec, limit)
+            else:
+                found = store.contains(by_digest)
             loaded = len(found)
             if progress is not None and loaded:
                 progress(loaded)
@@ -204,19 +269,33 @@ class LateRankerModel(EncoderWithHeads):
             store.prune_others()
         return {"loaded": loaded, "encoded": len(keys)}
 
+    def _payloads(self, keys: list[tuple], batch_size: int, bf16: bool,
+                  max_length: int | None) -> dict[tuple, torch.Tensor]:
+        """Each key's payload: from memory, else from the attached store (on demand), else encoded."""
+        out = {k: self._vectors.get(k) for k in OrderedDict.fromkeys(keys)}
+        missing = [k for k, v in out.items() if v is None]
+        store = self._vectors.stores.get(self._read_as(max_length, bf16)) if missing else None
+        if store is not None:
+            by_digest = {chunk_digest(k[-1]): k for k in missing}
+            limit = int(self.options["cache_chunks"])
+            for d, payload in store.load(by_digest).items():
+                out[by_digest[d]] = payload
+                self._vectors.put(by_digest[d], payload, limit)
+            missing = [k for k in missing if out[k] is None]
+        if missing:  # encoded here and returned: one call may hold more new chunks than the cache keeps
+            out.update(self._encode_chunks(missing, batch_size, bf16, max_length))
+        return out
+
     @torch.inference_mode()
     def predict(self, queries: list[str], chunks: list[list[str]], batch_size: int = 32,
                 max_length: int | None = None, bf16: bool = False) -> list[float]:
         """The score of each (query, chunk word list) pair: the query is encoded once, each chunk once per cache
-        life (at ``max_length`` sub-tokens, default the model's)."""
+        life (at ``max_length`` sub-tokens, default the model's) or read from an attached store."""
         if len(queries) != len(chunks):
             raise ValueError(f"{len(queries)} queries for {len(chunks)} chunks")
         length, b16 = self._read_as(max_length, bf16)
         keys = [(length, b16, tuple(c)) for c in chunks]
-        chunk_vecs = {k: self._vectors.get(k) for k in OrderedDict.fromkeys(keys)}
-        missing = [k for k, v in chunk_vecs.items() if v is None]
-        if missing:  # encoded here and returned: one call may hold more new chunks than the cache keeps
-            chunk_vecs.update(self._encode_chunks(missing, batch_size, bf16, max_length))
+        chunk_vecs = {k: self._decode(v) for k, v in self._payloads(keys, batch_size, bf16, max_length).items()}
         uniq = list(OrderedDict.fromkeys(queries))
         qvecs = dict(zip(uniq, self._encode_all(uniq, int(self.options["query_max_length"]), batch_size, bf16)))
         by_query: dict[str, list[int]] = {}
@@ -249,6 +328,7 @@ class ChunkVectors:
     def __init__(self):
         self._d: OrderedDict[tuple, torch.Tensor] = OrderedDict()
         self.weights: str | None = None
+        self.stores: dict[tuple, VectorStore] = {}  # (length, bf16) -> the store read on a miss
 
     def __deepcopy__(self, memo) -> "ChunkVectors":
         return ChunkVectors()
@@ -264,6 +344,7 @@ class ChunkVectors:
 
     def clear(self) -> None:
         self._d.clear()
+        self.stores.clear()
 
     def get(self, key: tuple) -> torch.Tensor | None:
         vec = self._d.get(key)

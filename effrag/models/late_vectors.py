@@ -9,18 +9,25 @@ depend only on the chunk's words and on the model that read them, so they are ke
 - in it, shards of at most :data:`SHARD_CHUNKS` chunks (``vectors-<hash of their digests>.safetensors``), each written
   whole and renamed, so a killed index keeps every finished shard and the next opening encodes only the rest (two
   processes indexing at once write distinct or identical shards, never a mixed one);
-- a shard holds ``digests`` [n, 16] (BLAKE2b-128 of the chunk's words joined by U+001F), ``offsets`` [n + 1] and
-  ``vectors`` [tokens, dim], and in its metadata the variant and the SHA-256 of the three tensors' bytes.
+- a shard holds ``digests`` [n, 16] (BLAKE2b-128 of the chunk's words joined by U+001F), ``offsets`` [n + 1],
+  ``checks`` [n, 8] (BLAKE2b-64 of each chunk's digest and payload bytes) and ``payload`` [tokens, ...]: the token
+  vectors as computed (bf16 or fp32), or, for a model with a codec (:mod:`.late_codec`), their product-quantised
+  codes (32 bytes a token, about 3.1 KB a chunk against about 25 KB); its metadata holds the variant (the codec's
+  SHA-256 included) and the SHA-256 of the three header tensors.
 
-A shard whose checks fail (truncated, bytes changed, another variant) is named in a warning and removed, and its
-chunks are encoded again: never read as if it were right. A store that cannot be written (a read-only home, a full
+Reading is on demand (format 2, issue #68): opening a store reads each shard's header tensors only and checks them;
+the payload stays memory-mapped, and a chunk's rows are read, and checked against its recorded check, when a question
+asks for them. A million chunks cost the store about 60 MB of headers and lookup in memory, whatever their vectors' size. A
+shard whose checks fail (truncated, bytes changed, another variant or format, an older store's format 1) is named in
+a warning and removed, nothing read from it is used, and its chunks are encoded again: never read as if it were
+right. A store that cannot be written (a read-only home, a full
 disk) is named in one warning, and the vectors serve the process only. After each index the whole store is kept
 within ``$EFFRAG_LATE_VECTORS_MAX_GB`` (default 8; 0: never pruned; read and checked when a store opens, before
 anything is encoded) by removing the least recently used shards, never one the index read or wrote (:func:`prune`);
 the temporary files of writes in progress count too, and those a killed writer left are removed. Another process
 may prune or delete shards and folders at any moment: what vanishes is a miss (its chunks are encoded again), never
-an error. Nothing is unpickled. Vectors are stored exactly as computed (bf16 or fp32), so a loaded chunk scores as
-a freshly encoded one.
+an error; a shard already opened is read from its map, the file as it was opened (shards are only ever written whole
+under a new name, never changed in place). Nothing is unpickled.
 """
 from __future__ import annotations
 
@@ -34,16 +41,18 @@ import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
+import numpy as np
 import torch
 
 from ..state_files import atomic_path, temp_owner
+from .late_shard import CHECK_BYTES, DIGEST_BYTES, FORMAT, Refused, Shard, chunk_check, tensor_hash
 
-FORMAT = "effrag-late-vectors/1"
 SHARD_CHUNKS = 4096
-DIGEST_BYTES = 16
 MAX_GB_ENV = "EFFRAG_LATE_VECTORS_MAX_GB"  # the whole store's size cap, in GB (0: never pruned)
 DEFAULT_MAX_GB = 8.0
 SHARD_GLOB = "vectors-*.safetensors"
+VECTORS_DIR = "late-vectors"  # an index's own store root: <index>/late-vectors (effrag index build --system)
+KEEP_MARKER = "KEEP"  # in a store root: an index's own shards (effrag index build --system), never pruned
 TEMP_GLOB = SHARD_GLOB + ".tmp*"  # a shard being written (effrag.state_files names it <shard>.tmp<pid>-<n>)
 TEMP_GRACE_S = 60.0  # a temporary file whose writer is gone is left this long (a writer in another pid namespace)
 TEMP_MAX_AGE_S = 3600.0  # ... and one untouched this long is stale whoever wrote it (a shard is written in seconds)
@@ -194,34 +203,20 @@ def prune(root: str | Path, max_bytes: int | None, keep: Iterable[str | Path] = 
     return removed, freed
 
 
-def _read_shard(path: Path) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A shard's metadata, digests, offsets and vectors, from one read of its bytes: what is checked is the file
-    that was read, whatever another process removes or renames over ``path`` meanwhile (opening it by name twice
-    could pair a pruned file's error with a new file's checks)."""
-    from safetensors.torch import load
-
-    data = path.read_bytes()
-    header = json.loads(data[8: 8 + int.from_bytes(data[:8], "little")])
-    tensors = load(data)
-    return header.get("__metadata__") or {}, tensors["digests"], tensors["offsets"], tensors["vectors"]
-
-
-def _tensor_hash(*tensors: torch.Tensor) -> str:
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
 class VectorStore:
     """The shards of one model variant's chunk vectors (see the module's docstring)."""
 
     def __init__(self, folder: str | Path, variant: dict):
         self.folder = Path(folder)
         self.variant = {k: variant[k] for k in sorted(variant)}
+        self._variant_json = json.dumps(self.variant, sort_keys=True)
         self.unwritable: str | None = None  # why a write failed (then no more are tried)
         self.used: set[Path] = set()  # the shards this store read or wrote: never pruned by it
         self.max_bytes = max_store_bytes()  # checked now, before anything is encoded
+        self._open: dict[str, Shard] = {}  # name -> the shard as opened
+        self._keys = np.zeros(0, dtype="<u8")  # sorted lookup keys of every opened shard's chunks ...
+        self._where = np.zeros((0, 2), dtype=np.int64)  # ... and their (shard number, row)
+        self._order: list[str] = []  # shard number -> name
 
     def _shards(self) -> list[Path]:
         return sorted(_entries(self.folder, SHARD_GLOB))
@@ -233,64 +228,113 @@ class VectorStore:
         except OSError:
             pass
 
-    def load(self, digests: Iterable[bytes]) -> dict[bytes, torch.Tensor]:
-        """The stored vectors [T, dim] of each of ``digests`` found in a shard that passes its checks."""
-        from safetensors import SafetensorError
+    def _drop(self, name: str) -> None:
+        """Forget an opened shard (refused): its chunks are misses from now on."""
+        self._open.pop(name, None)
+        self._reindex()
 
-        wanted = set(digests)
-        found: dict[bytes, torch.Tensor] = {}
+    def refresh(self) -> int:
+        """Open the shards written since the last look (their headers only); returns how many chunks are known."""
+        new = False
         for path in self._shards():
-            if not wanted - found.keys():
-                break
+            if path.name in self._open:
+                continue
             try:
-                meta, digs, offs, vecs = _read_shard(path)
+                self._open[path.name] = Shard(path, self._variant_json)
+                new = True
             except FileNotFoundError:  # removed by another process since it was listed: a miss, not damage
                 continue
-            except (SafetensorError, OSError, RuntimeError, ValueError, KeyError, AttributeError) as e:
+            except Refused as e:
+                self._refuse(path, str(e))
+            except (OSError, RuntimeError, ValueError) as e:
                 self._refuse(path, f"unreadable ({str(e)[:120]})")
-                continue
-            if meta.get("format") != FORMAT or meta.get("variant") != json.dumps(self.variant, sort_keys=True):
-                self._refuse(path, "written by another model variant or format")
-                continue
-            if meta.get("sha256") != _tensor_hash(digs, offs, vecs):
-                self._refuse(path, "its bytes do not match the SHA-256 recorded when it was written")
-                continue
-            if offs.ndim != 1 or len(offs) != len(digs) + 1 or int(offs[-1]) != len(vecs):
-                self._refuse(path, "its offsets do not match its vectors")
-                continue
-            rows = digs.numpy()
-            bounds = offs.tolist()
-            before = len(found)
-            for i in range(len(rows)):
-                d = rows[i].tobytes()
-                if d in wanted and d not in found:
-                    found[d] = vecs[bounds[i]: bounds[i + 1]].clone()
-            if len(found) > before:  # a shard that served: its last use, which pruning goes by
-                self.used.add(path)
+        if new:
+            self._reindex()
+        return len(self._keys)
+
+    def _reindex(self) -> None:
+        self._order = sorted(self._open)
+        keys = [self._open[n].keys for n in self._order]
+        where = [np.stack([np.full(len(k), i), np.arange(len(k))], 1) for i, k in enumerate(keys)]
+        keys = np.concatenate(keys) if keys else np.zeros(0, dtype="<u8")
+        order = np.argsort(keys, kind="stable")
+        self._keys = keys[order]
+        self._where = np.concatenate(where)[order] if where else np.zeros((0, 2), dtype=np.int64)
+
+    def _locate(self, digest: bytes) -> list[tuple[str, int]]:
+        """Every (shard name, row) whose lookup key is this digest's (a key shared by two digests: both)."""
+        key = np.frombuffer(digest[:8], dtype="<u8")[0]
+        lo = int(np.searchsorted(self._keys, key, "left"))
+        hi = int(np.searchsorted(self._keys, key, "right"))
+        return [(self._order[int(s)], int(r)) for s, r in self._where[lo:hi]]
+
+    def contains(self, digests: Iterable[bytes]) -> set[bytes]:
+        """Which of ``digests`` an opened shard holds (headers only: nothing is read or checked beyond them)."""
+        self.refresh()
+        out = set()
+        for d in digests:
+            for name, row in self._locate(d):
+                if self._open[name].digests[row].numpy().tobytes() == d:
+                    out.add(d)
+                    break
+        return out
+
+    def load(self, digests: Iterable[bytes]) -> dict[bytes, torch.Tensor]:
+        """The stored payload of each of ``digests`` found in a shard that passes its checks (each chunk read from
+        its memory map and checked as it is read). A shard with one chunk that fails is refused whole: nothing read
+        from it is returned."""
+        wanted = list(dict.fromkeys(digests))
+        found: dict[bytes, torch.Tensor] = {}
+        for attempt in (1, 2):
+            if attempt == 2 or not self._open:
+                self.refresh()
+            by_shard: dict[str, list[tuple[int, bytes]]] = {}
+            for d in wanted:
+                if d in found:
+                    continue
+                for name, row in self._locate(d):
+                    if self._open[name].digests[row].numpy().tobytes() == d:
+                        by_shard.setdefault(name, []).append((row, d))
+                        break
+            for name, rows in by_shard.items():
+                shard = self._open[name]
                 try:
-                    os.utime(path)
-                except OSError:
-                    pass
+                    got = {d: shard.read(row, d) for row, d in rows}
+                except Refused as e:
+                    self._refuse(shard.path, str(e))
+                    self._drop(name)
+                    continue
+                found.update(got)
+                if shard.path not in self.used:  # a shard that served: its last use, which pruning goes by
+                    self.used.add(shard.path)
+                    try:
+                        os.utime(shard.path)
+                    except OSError:
+                        pass
+            if len(found) == len(wanted):
+                break
         return found
 
-    def add(self, digests: Sequence[bytes], vectors: Sequence[torch.Tensor]) -> Path | None:
-        """Write one shard of ``vectors`` (each [T, dim]) keyed by ``digests``; returns its path (None if empty).
-        Written to a temporary name and renamed: a kill leaves no partial shard."""
+    def add(self, digests: Sequence[bytes], payloads: Sequence[torch.Tensor]) -> Path | None:
+        """Write one shard of ``payloads`` (each [T, ...]: a chunk's vectors or codes) keyed by ``digests``; returns
+        its path (None if empty). Written to a temporary name and renamed: a kill leaves no partial shard."""
         from safetensors.torch import save_file
 
         if not digests or self.unwritable:
             return None
         digs = torch.frombuffer(bytearray(b"".join(digests)), dtype=torch.uint8).reshape(len(digests), DIGEST_BYTES)
-        offs = torch.tensor([0] + [len(v) for v in vectors], dtype=torch.int64).cumsum(0)
-        vecs = torch.cat([v.cpu() for v in vectors]).contiguous()
-        meta = {"format": FORMAT, "variant": json.dumps(self.variant, sort_keys=True),
-                "sha256": _tensor_hash(digs, offs, vecs)}
+        offs = torch.tensor([0] + [len(v) for v in payloads], dtype=torch.int64).cumsum(0)
+        payload = torch.cat([v.cpu() for v in payloads]).contiguous()
+        checks = torch.frombuffer(bytearray(b"".join(chunk_check(d, v.cpu()) for d, v in zip(digests, payloads))),
+                                  dtype=torch.uint8).reshape(len(digests), CHECK_BYTES)
+        meta = {"format": FORMAT, "variant": self._variant_json, "sha256": tensor_hash(digs, offs, checks)}
         path = self.folder / f"vectors-{hashlib.sha256(digs.numpy().tobytes()).hexdigest()[:16]}.safetensors"
         for attempt in (1, 2):
             try:
                 self.folder.mkdir(parents=True, exist_ok=True)
                 with atomic_path(path) as tmp:  # a kill leaves a temporary file, which a later prune removes
-                    save_file({"digests": digs, "offsets": offs, "vectors": vecs}, str(tmp), metadata=meta)
+                    save_file({"digests": digs, "offsets": offs, "checks": checks, "payload": payload}, str(tmp),
+                              metadata=meta)
                 break
             except (OSError, RuntimeError) as e:
                 if attempt == 1 and not self.folder.is_dir():  # pruned, empty, by another process since mkdir
@@ -309,10 +353,20 @@ class VectorStore:
         recently used shards go first, never one this store read or wrote; temporary files of killed writes go once
         stale, also with no cap (:func:`prune`)."""
         cap = self.max_bytes
-        if self.unwritable:
+        if self.unwritable or (self.folder.parent / KEEP_MARKER).is_file():
             return
         removed, freed = prune(self.folder.parent, cap, keep=self.used)  # cap None: only killed writers' leftovers
         if removed:
             _log.info("late-interaction vectors: removed the %d least recently used shards or temporary files of "
                       "killed writes (%.1f MB) to keep %s within %s (%s)", removed, freed / 1e6, self.folder.parent,
                       "no cap" if cap is None else f"{cap / 1e9:g} GB", MAX_GB_ENV)
+
+
+def index_vector_store(retriever) -> Path | None:
+    """The vector store root an index was built with (``<index>/late-vectors``), if the retriever was opened from
+    such an index (:func:`effrag.setup.open_index` records where)."""
+    folder = getattr(retriever, "index_dir", None)
+    if folder is None:
+        return None
+    root = Path(folder) / VECTORS_DIR
+    return root if root.is_dir() else None

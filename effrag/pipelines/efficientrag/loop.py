@@ -319,14 +319,24 @@ class EfficientRAGLoop:
         the index-time half of reading, so the questions' reads cost only the models (the words the Labeler labels
         and the sub-tokens of the pair models, :mod:`effrag.models.pair_encoding`). A late-interaction ranker's
         chunk vectors are made here too: loaded from ``vector_store`` (a folder, :mod:`effrag.models.late_vectors`)
-        where it holds them, else encoded and added to it. Up to :data:`PREPARED_CHUNKS` passages (a retriever's
-        corpus larger than that is left to the questions); without a corpus it does nothing. Returns the passages
-        prepared, the seconds it took and the chunk vectors ``vectors_loaded`` and ``vectors_encoded``."""
+        where it holds them, else encoded and added to it. Up to :data:`PREPARED_CHUNKS` passages. A retriever's
+        corpus larger than that is not split here (which part the questions read is unknown), and nothing of it is
+        encoded: the ranker reads the store on demand, each chunk a question reads from its memory map, so a large
+        corpus costs a question what a small one does once its vectors are built (``effrag index build --system``);
+        a chunk the store lacks is encoded when first read. Without a corpus it does nothing. Returns the passages
+        prepared, the seconds it took and the chunk vectors ``vectors_loaded`` and ``vectors_encoded``, and with a
+        store past the cap, ``vectors_stored`` (the chunks the store holds)."""
         t0 = time.perf_counter()
+        rank = self._model(self.ranker) if self.ranker is not None else None
         if passages is None:
             passages = getattr(self.retriever, "corpus", None)
             if not hasattr(passages, "__len__") or len(passages) > PREPARED_CHUNKS:  # which part is read is unknown:
                 passages = None  # each chunk is split when a question first reads it, as without prepare
+                if vector_store is not None and hasattr(rank, "attach_store"):  # ... and its vectors read on demand
+                    store = rank.vector_store(vector_store, self.config.bf16, self._ranker_length())
+                    rank.attach_store(store, self._ranker_length(), self.config.bf16)
+                    return {"passages": 0, "vectors_loaded": 0, "vectors_encoded": 0,
+                            "vectors_stored": store.refresh(), "seconds": time.perf_counter() - t0}
         passages = list(passages or [])[:PREPARED_CHUNKS]
         from effrag.models.pair_encoding import pair_encoder
 
@@ -341,7 +351,6 @@ class EfficientRAGLoop:
         out = {"passages": len(passages), "vectors_loaded": 0, "vectors_encoded": 0}
         # a late-interaction ranker: each chunk's vectors, read once here by the model the questions read with
         # (its int8 copy with config.int8)
-        rank = self._model(self.ranker) if self.ranker is not None else None
         if words and hasattr(rank, "index"):
             cfg = self.config
             store = None if vector_store is None else rank.vector_store(vector_store, cfg.bf16, self._ranker_length())

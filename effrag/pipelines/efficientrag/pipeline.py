@@ -68,11 +68,12 @@ class EfficientRAGPipeline(Pipeline):
         # the retriever's corpus split and tokenised once, as an index is built: each question's reads then cost only
         # the models (EfficientRAGLoop.prepare; prepare=False leaves it to the first questions that read a chunk)
         # A late-interaction ranker's chunk vectors are kept on disk (vector_store: a folder; None: the default one,
-        # effrag.models.late_vectors; False: none), so a corpus is encoded at its first opening only
+        # effrag.models.late_vectors; False: none), so a corpus is encoded at its first opening only; an index built
+        # with --system holds its own (effrag.pipelines.efficientrag.vectors), read on demand
         if vector_store is None:
-            from effrag.models.late_vectors import default_root
+            from effrag.models.late_vectors import default_root, index_vector_store
 
-            vector_store = default_root()
+            vector_store = index_vector_store(self.loop.retriever) or default_root()
         self.prepared = (self.loop.prepare(vector_store=vector_store or None) if prepare
                          else {"passages": 0, "seconds": 0.0})
         if self.prepared["passages"]:

@@ -1,0 +1,88 @@
+"""``effrag ranker-codec``: fit a late ranker's product-quantisation codec and add it to the checkpoint.
+
+With a codec, the ranker's chunk vectors are stored (and held in memory) as 32 bytes a token instead of 256
+(:mod:`effrag.models.late_codec`, issue #68). The codec is fitted on a seeded sample of the token vectors of the
+passages of ``--inputs`` (the training files: no dev question's passage chooses it), read by the checkpoint as the
+loop reads chunks (title and text, at the model's length, in bf16 where the CPU runs it), and recorded with its
+provenance inside ``codec.safetensors``.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+
+from effrag.cli_args import positive_int
+from effrag.models.late_codec import DEFAULT_SUBSPACES
+
+
+def sample_tokens(model, inputs: list[str], chunks: int = 4096, seed: int = 0, bf16: bool = True,
+                  batch_size: int = 32):
+    """The token vectors [N, dim] of a seeded sample of ``chunks`` distinct passages of the questions in ``inputs``,
+    read by ``model`` as the loop reads chunks; and how many passages were read."""
+    import torch
+
+    from effrag.data import load_questions
+    from effrag.text import chunk_text, words_batch
+
+    seen: dict[tuple[str, str], None] = {}
+    for f in inputs:
+        for q in load_questions(f):
+            for p in q.contexts:
+                seen.setdefault((p.title, p.text), None)
+    passages = sorted(seen)
+    random.Random(seed).shuffle(passages)
+    passages = passages[:chunks]
+    if not passages:
+        raise ValueError(f"no passages in {', '.join(inputs)}")
+    words = words_batch([chunk_text(t, x) for t, x in passages])
+    return torch.cat(model._encode_all([" ".join(w) for w in words], model.max_length, batch_size, bf16)), len(passages)
+
+
+def fit_codec(model_dir: str | Path, inputs: list[str], chunks: int = 4096, subspaces: int = DEFAULT_SUBSPACES,
+              seed: int = 0, bf16: bool = True, coarse: int = 0) -> dict:
+    """Fit and attach the codec; returns what was done (chunks, tokens, the codec's SHA-256, bytes per token)."""
+    from effrag.models import load_model
+    from effrag.models.late_codec import ProductQuantizer
+    from effrag.provenance import file_sha256, portable, portable_path
+
+    model = load_model(model_dir).eval()
+    if not hasattr(model, "attach_codec"):
+        raise ValueError(f"{model_dir}: a {model.model_type} checkpoint; a codec is for a late_ranker")
+    tokens, n = sample_tokens(model, inputs, chunks, seed, bf16)
+    codec = ProductQuantizer.train(tokens, subspaces=subspaces, seed=seed, coarse=coarse)
+    provenance = portable({"inputs": [portable_path(f) for f in inputs],
+                           "inputs_sha256": {portable_path(f): file_sha256(f) for f in inputs},
+                           "chunks": n, "tokens": len(tokens), "subspaces": subspaces, "coarse": coarse,
+                           "seed": seed,
+                           "bf16": bf16,
+                           # the command as its options say (the process's own argv may be another program's)
+                           "command": " ".join(["effrag ranker-codec --model", portable_path(model_dir), "--inputs",
+                                                *map(portable_path, inputs), f"--chunks {chunks} --subspaces "
+                                                f"{subspaces} --coarse {coarse} --seed {seed}",
+                                                *([] if bf16 else ["--no-bf16"])])})
+    model.attach_codec(model_dir, codec, provenance)
+    return {"chunks": n, "tokens": len(tokens), "sha256": codec.sha256,
+            "bytes_per_token": codec.bytes_per_token}
+
+
+def add_codec_parser(sub) -> None:
+    p = sub.add_parser("ranker-codec", help="fit a late ranker's vector codec (about 3 KB a chunk stored, "
+                                            "against 23 KB) and add it to the checkpoint")
+    p.add_argument("--model", required=True, metavar="DIR", help="a late_ranker checkpoint folder (ranker-late/)")
+    p.add_argument("--inputs", required=True, nargs="+", metavar="FILE",
+                   help="question files whose passages the codec is fitted on (the training files)")
+    p.add_argument("--chunks", type=positive_int, default=4096, help="passages sampled (default 4096)")
+    p.add_argument("--subspaces", type=positive_int, default=DEFAULT_SUBSPACES,
+                   help=f"bytes per token (default {DEFAULT_SUBSPACES}: the level that keeps the ranker's MRR, "
+                        "reports/scale/codec)")
+    p.add_argument("--coarse", type=int, default=0, help="coarse centroids before the product quantiser (0: none)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-bf16", dest="bf16", action="store_false", help="read the passages in fp32")
+    p.set_defaults(func=_cmd_codec)
+
+
+def _cmd_codec(args: argparse.Namespace) -> None:
+    out = fit_codec(args.model, args.inputs, args.chunks, args.subspaces, args.seed, args.bf16, args.coarse)
+    print(f"{args.model}: codec {out['sha256'][:16]} fitted on {out['tokens']} token vectors of {out['chunks']} "
+          f"passages; {out['bytes_per_token']} bytes a token")

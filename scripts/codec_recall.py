@@ -36,8 +36,9 @@ def rows_of(folder: Path) -> list[dict]:
 def compare(evidence: list[dict], run: dict, skip: set[str]) -> dict:
     from effrag.tuning.crossfit import _cut, config_key, standard_error
 
-    key = config_key(run["config"])
-    match = [r for r in evidence if config_key(r["config"]) == key]
+    ranker = Path(str(run["setup"].get("ranker") or "ranker")).name  # the evidence names it in the config
+    key = config_key({**run["config"], "ranker": ranker})
+    match = [r for r in evidence if config_key({"ranker": "ranker", **r["config"]}) == key]
     if not match:
         raise SystemExit(f"no evidence row has the config of {run['setup'].get('dataset')}'s run")
     old = {pq[0]: pq for pq in match[0]["per_question"]}

@@ -1,6 +1,6 @@
 """``effrag ranker-codec``: fit a late ranker's product-quantisation codec and add it to the checkpoint.
 
-With a codec, the ranker's chunk vectors are stored (and held in memory) as 32 bytes a token instead of 256
+With a codec, the ranker's chunk vectors are stored (and held in memory) as 64 bytes a token instead of 256
 (:mod:`effrag.models.late_codec`, issue #68). The codec is fitted on a seeded sample of the token vectors of the
 passages of ``--inputs`` (the training files: no dev question's passage chooses it), read by the checkpoint as the
 loop reads chunks (title and text, at the model's length, in bf16 where the CPU runs it), and recorded with its
@@ -67,15 +67,15 @@ def fit_codec(model_dir: str | Path, inputs: list[str], chunks: int = 4096, subs
 
 
 def add_codec_parser(sub) -> None:
-    p = sub.add_parser("ranker-codec", help="fit a late ranker's vector codec (about 3 KB a chunk stored, "
+    p = sub.add_parser("ranker-codec", help="fit a late ranker's vector codec (about 6 KB a chunk stored, "
                                             "against 23 KB) and add it to the checkpoint")
     p.add_argument("--model", required=True, metavar="DIR", help="a late_ranker checkpoint folder (ranker-late/)")
     p.add_argument("--inputs", required=True, nargs="+", metavar="FILE",
                    help="question files whose passages the codec is fitted on (the training files)")
     p.add_argument("--chunks", type=positive_int, default=4096, help="passages sampled (default 4096)")
     p.add_argument("--subspaces", type=positive_int, default=DEFAULT_SUBSPACES,
-                   help=f"bytes per token (default {DEFAULT_SUBSPACES}: the level that keeps the ranker's MRR, "
-                        "reports/scale/codec)")
+                   help=f"bytes per token (default {DEFAULT_SUBSPACES}: the level that keeps the ranker's MRR and the "
+                        "loop's recall, reports/scale/codec)")
     p.add_argument("--coarse", type=int, default=0, help="coarse centroids before the product quantiser (0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-bf16", dest="bf16", action="store_false", help="read the passages in fp32")

@@ -1,4 +1,4 @@
-"""Product quantisation of a late ranker's token vectors: one byte per sub-vector, about 3 KB per chunk.
+"""Product quantisation of a late ranker's token vectors: one byte per sub-vector, about 6 KB per chunk.
 
 Why: stored as computed (bf16, 128 dims), a chunk's ~96 token vectors take about 25 KB, 25 GB per million passages.
 That is too much to keep on disk beside an index, let alone in memory. ColBERTv2's residual compression was measured
@@ -8,10 +8,14 @@ residual holds most of the vector.
 
 Product quantisation (Jegou et al., 2011) cuts each unit token vector into ``subspaces`` equal parts. For each part
 it stores the index of the nearest of 256 code words, found by k-means over a sample of token vectors in that part.
-That is ``subspaces`` bytes per token; bf16 takes 256. The default, 32 (4 dimensions a byte), is the fewest bytes
-that keep the ranker's MRR within 0.005, chosen on train groups (``scripts/late_codec_quality.py``). With 16, MRR
-fell by 0.005-0.006. Optional coarse centroids first (residual quantisation) measured no better at 2 more bytes a
-token. Decoding concatenates the code words and renormalises.
+That is ``subspaces`` bytes per token; bf16 takes 256. The default, 64 (2 dimensions a byte), is the fewest bytes
+measured that keep both the ranker's MRR within 0.005 and the shipped loop configs' recall within 0.3 points:
+- 32 bytes (about 3.1 KB a chunk) is the level the MRR rule picks on train groups (``scripts/late_codec_quality.py``).
+  It lost 0.4 points of HotpotQA's recall at 7 chunks on the dev questions (``scripts/codec_recall.py``).
+- 16 bytes lost 0.005-0.006 of MRR.
+- Coarse centroids first (residual quantisation) measured no better at 2 more bytes a token.
+
+Decoding concatenates the code words and renormalises.
 
 The codec belongs to the model that made the vectors. :meth:`ProductQuantizer.save` writes ``codec.safetensors``
 into the checkpoint folder, where it is recorded with the checkpoint's other files and so hash-checked at load.
@@ -29,7 +33,7 @@ import torch.nn.functional as F
 
 CODEC_FORMAT = "effrag-late-codec/1"
 CODEC_NAME = "codec.safetensors"
-DEFAULT_SUBSPACES = 32  # bytes a token: 16 lost 0.005-0.006 of the ranker's MRR (reports/scale/codec)
+DEFAULT_SUBSPACES = 64  # bytes a token: 32 kept the MRR, not the loop's recall (reports/scale/codec-recall)
 DEFAULT_COARSE = 0  # coarse centroids before the product quantiser (0: none)
 CODES = 256
 TRAIN_TOKENS = 131_072  # token vectors the code books are fitted on

@@ -12,7 +12,7 @@ depend only on the chunk's words and on the model that read them, so they are ke
 - a shard holds ``digests`` [n, 16] (BLAKE2b-128 of the chunk's words joined by U+001F), ``offsets`` [n + 1],
   ``checks`` [n, 8] (BLAKE2b-64 of each chunk's digest and payload bytes) and ``payload`` [tokens, ...]: the token
   vectors as computed (bf16 or fp32), or, for a model with a codec (:mod:`.late_codec`), their product-quantised
-  codes (32 bytes a token, about 3.1 KB a chunk against about 25 KB); its metadata holds the variant (the codec's
+  codes (64 bytes a token, about 6.2 KB a chunk against about 25 KB); its metadata holds the variant (the codec's
   SHA-256 included) and the SHA-256 of the three header tensors.
 
 Reading is on demand (format 2, issue #68): opening a store reads each shard's header tensors only and checks them;

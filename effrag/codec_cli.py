@@ -13,7 +13,6 @@ import random
 from pathlib import Path
 
 from effrag.cli_args import positive_int
-from effrag.models.late_codec import DEFAULT_SUBSPACES
 
 
 def sample_tokens(model, inputs: list[str], chunks: int = 4096, seed: int = 0, bf16: bool = True,
@@ -39,11 +38,14 @@ def sample_tokens(model, inputs: list[str], chunks: int = 4096, seed: int = 0, b
     return torch.cat(model._encode_all([" ".join(w) for w in words], model.max_length, batch_size, bf16)), len(passages)
 
 
-def fit_codec(model_dir: str | Path, inputs: list[str], chunks: int = 4096, subspaces: int = DEFAULT_SUBSPACES,
+def fit_codec(model_dir: str | Path, inputs: list[str], chunks: int = 4096, subspaces: int | None = None,
               seed: int = 0, bf16: bool = True, coarse: int = 0) -> dict:
-    """Fit and attach the codec; returns what was done (chunks, tokens, the codec's SHA-256, bytes per token)."""
+    """Fit and attach the codec (``subspaces`` None: :data:`~effrag.models.late_codec.DEFAULT_SUBSPACES`); returns
+    what was done (chunks, tokens, the codec's SHA-256, bytes per token)."""
     from effrag.models import load_model
-    from effrag.models.late_codec import ProductQuantizer
+    from effrag.models.late_codec import DEFAULT_SUBSPACES, ProductQuantizer
+
+    subspaces = subspaces or DEFAULT_SUBSPACES
     from effrag.provenance import file_sha256, portable, portable_path
 
     model = load_model(model_dir).eval()
@@ -73,9 +75,9 @@ def add_codec_parser(sub) -> None:
     p.add_argument("--inputs", required=True, nargs="+", metavar="FILE",
                    help="question files whose passages the codec is fitted on (the training files)")
     p.add_argument("--chunks", type=positive_int, default=4096, help="passages sampled (default 4096)")
-    p.add_argument("--subspaces", type=positive_int, default=DEFAULT_SUBSPACES,
-                   help=f"bytes per token (default {DEFAULT_SUBSPACES}: the level that keeps the ranker's MRR and the "
-                        "loop's recall, reports/scale/codec)")
+    p.add_argument("--subspaces", type=positive_int,  # the default is the model module's (no torch import here)
+                   help="bytes per token (default: effrag.models.late_codec.DEFAULT_SUBSPACES, the level that keeps "
+                        "the ranker's MRR and the loop's recall, reports/scale/codec)")
     p.add_argument("--coarse", type=int, default=0, help="coarse centroids before the product quantiser (0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-bf16", dest="bf16", action="store_false", help="read the passages in fp32")

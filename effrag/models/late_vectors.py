@@ -16,17 +16,17 @@ depend only on the chunk's words and on the model that read them, so they are ke
   SHA-256 included) and the SHA-256 of the three header tensors.
 
 Reading is on demand (format 2, issue #68): opening a store reads each shard's header tensors only and checks them;
-the payload stays memory-mapped, and a chunk's rows are read, and checked against its recorded check, when a question
-asks for them. A million chunks cost the store about 60 MB of headers and lookup in memory, whatever their vectors' size. A
-shard whose checks fail (truncated, bytes changed, another variant or format, an older store's format 1) is named in
-a warning and removed, nothing read from it is used, and its chunks are encoded again: never read as if it were
-right. A store that cannot be written (a read-only home, a full
-disk) is named in one warning, and the vectors serve the process only. After each index the whole store is kept
-within ``$EFFRAG_LATE_VECTORS_MAX_GB`` (default 8; 0: never pruned; read and checked when a store opens, before
-anything is encoded) by removing the least recently used shards, never one the index read or wrote (:func:`prune`);
-the temporary files of writes in progress count too, and those a killed writer left are removed. Another process
-may prune or delete shards and folders at any moment: what vanishes is a miss (its chunks are encoded again), never
-an error; a shard already opened is read from its map, the file as it was opened (shards are only ever written whole
+the payload stays memory-mapped, and a chunk's rows are read, and checked against its recorded check, when a
+question asks for them. A million chunks cost the store about 125 MB of headers and lookup in memory (measured),
+whatever their vectors' size. A shard whose checks fail (truncated, bytes changed, another variant or format, an
+older store's format 1) is named in a warning and removed, nothing read from it is used, and its chunks are encoded
+again: never read as if it were right. A store that cannot be written (a read-only home, a full disk) is named in
+one warning, and the vectors serve the process only. After each index the whole store is kept within
+``$EFFRAG_LATE_VECTORS_MAX_GB`` (default 8; 0: never pruned; read and checked when a store opens, before anything is
+encoded) by removing the least recently used shards, never one the index read or wrote (:func:`prune`); the
+temporary files of writes in progress count too, and those a killed writer left are removed. Another process may
+prune or delete shards and folders at any moment: what vanishes is a miss (its chunks are encoded again), never an
+error; a shard already opened is read from its map, the file as it was opened (shards are only ever written whole
 under a new name, never changed in place). Nothing is unpickled.
 """
 from __future__ import annotations

@@ -59,6 +59,12 @@ class Groups:
     def reciprocal_ranks(self, codec=None) -> list[float]:
         import torch
 
+        with torch.inference_mode():  # scores only: no autograd graph per MaxSim
+            return self._ranks(codec)
+
+    def _ranks(self, codec) -> list[float]:
+        import torch
+
         out, i = [], 0
         for r, q in zip(self.records, self.queries):
             scores = []

@@ -22,12 +22,12 @@ RANK_QUERIES = ("query", "info")
 CONTINUE, TERMINATE = "<Continue>", "<Terminate>"
 # options that act after the loop, on its finished pools: configs differing only in these share one loop run
 POOL_OPTIONS = frozenset({"pool_order", "pool_source", "retrieval_weight", "requery_weight", "max_candidates",
-                          "min_candidates", "link_weight", "backlink_weight", "link_top"})
+                          "min_candidates", "link_weight", "backlink_weight", "link_top", "set_ranker_top"})
 # options added after configs were first written (left out of to_json at their defaults, so old configs still match)
 _ADDED_DEFAULTS = {"int8": False, "stop_at_pool": None, "prune_last_hop": False, "requery_weight": 0.0,
                    "relabel_weight": 0.0, "query_chunks": None, "labeler_top": None, "rescore_top": 0,
                    "rank_query": "query", "link_weight": 0.0, "backlink_weight": 0.0, "link_top": 5,
-                   "ranker_max_length": None, "label_last_hop": True}
+                   "ranker_max_length": None, "label_last_hop": True, "set_ranker_top": 0}
 
 
 @dataclass(frozen=True)
@@ -239,6 +239,8 @@ class EfficientRAGConfig:
     backlink_weight: float = option(0.0, Rule(float, min=0), "rank order: bonus of a chunk whose text names the title "
                                     "of one of the link_top best chunks (default 0: off)")
     link_top: int = option(5, Rule(int, min=1), "the best chunks whose links the link bonuses follow (default 5)")
+    set_ranker_top: int = option(0, Rule(int, min=0), "rank order: a set-wise model (the system's set-ranker/) "
+                                 "reorders the order's first N candidates, scoring them together (default 0: off)")
     label_last_hop: bool = option(True, Rule(bool), "false: no Labeler reads at the last hop, where with a ranker, "
                                   "pool_order rank and pool_source seen they change no result (default true)")
 
@@ -253,6 +255,8 @@ class EfficientRAGConfig:
         for name in ("link_weight", "backlink_weight"):
             if getattr(self, name) and self.pool_order != "rank":
                 raise ValueError(f"EfficientRAGConfig.{name} needs pool_order rank, got {self.pool_order!r}")
+        if self.set_ranker_top and self.pool_order != "rank":
+            raise ValueError(f"EfficientRAGConfig.set_ranker_top needs pool_order rank, got {self.pool_order!r}")
         if not self.label_last_hop and (self.pool_order, self.pool_source) != ("rank", "seen"):
             raise ValueError("EfficientRAGConfig.label_last_hop false needs pool_order rank and pool_source seen "
                              f"(the last hop's tags order any other pool), got {self.pool_order!r} and "

@@ -64,13 +64,14 @@ class EfficientRAGLoop:
     """The loop over a Labeler, a Filter and any retriever with ``search(queries, k)``."""
 
     def __init__(self, labeler, filter_model, retriever, config: EfficientRAGConfig | None = None, ranker=None,
-                 words: dict[tuple[str, str], tuple[str, ...]] | None = None):
+                 words: dict[tuple[str, str], tuple[str, ...]] | None = None, set_ranker=None):
         if not callable(getattr(retriever, "search", None)):
             raise TypeError(f"retriever {type(retriever).__name__} has no search(queries, k) method")
         self.labeler = labeler
         self.filter = filter_model
         self.retriever = retriever
         self.ranker = ranker
+        self.set_ranker = set_ranker  # set_ranker_top: reorders the pool's first N together (effrag.models.set_ranker)
         self.config = config or EfficientRAGConfig()
         # (chunk_format, chunk id) -> the chunk's words; ``words`` shares another loop's over the same corpus (a
         # prepared one, see prepare)
@@ -103,6 +104,8 @@ class EfficientRAGLoop:
         cfg = self.config
         if cfg.needs_ranker() and self.ranker is None:
             raise ValueError(f"EfficientRAGConfig.{cfg.needs_ranker()} needs a pool ranker (ranker=...)")
+        if cfg.set_ranker_top and self.set_ranker is None:
+            raise ValueError("EfficientRAGConfig.set_ranker_top needs a set-wise pool ranker (set_ranker=...)")
         states = [LoopState(question=q, queries=[q]) for q in questions]
         self._lab, self._fil = self._model(self.labeler), self._model(self.filter)
         self._rank = self._model(self.ranker) if self.ranker is not None else None
@@ -116,7 +119,7 @@ class EfficientRAGLoop:
 
     def rank_pools(self, states: Sequence[LoopState], config: EfficientRAGConfig | None = None) -> list[Result]:
         """Each state's result, its pool ranked and cut by ``config`` (default: the loop's)."""
-        return [rank_pool(s, config or self.config) for s in states]
+        return [rank_pool(s, config or self.config, self.set_ranker) for s in states]
 
     def _hop(self, hop: int, active: list[LoopState]) -> None:
         """One round for every question still going, in five steps (batched across questions)."""

@@ -21,6 +21,10 @@ from typing import Any, Sequence
 from ..base import DEFAULT_RETRIEVER, Pipeline, register_pipeline
 from .loop import EfficientRAGLoop
 from .models import load_models
+from .system import SET_RANKER
+
+SET_RANKER_MISSING = ("set_ranker_top needs a set-wise pool ranker: a system folder with set-ranker/ "
+                      "(scripts/set_ranker.py train), or set_ranker=DIR")
 from .config import EfficientRAGConfig, build_config, cli_flags
 from ..generation import Generator, answer_results
 from ..result import Result
@@ -52,8 +56,11 @@ class EfficientRAGPipeline(Pipeline):
     def __init__(self, retriever, labeler=None, filter=None, config=None, generator=None,
                  k: int | None = None, er_config: str | None = None, er_batch_size: int | None = None,
                  er_bf16: bool | None = None, ranker=None, model=None, dataset: str | None = None,
-                 prepare: bool = True, vector_store: str | Path | bool | None = None, **options: Any):
+                 prepare: bool = True, vector_store: str | Path | bool | None = None, set_ranker=None,
+                 **options: Any):
         named = ranker is not None
+        if set_ranker is None and labeler is None and filter is None:  # a system's own set-ranker/, if it has one
+            set_ranker = self._own_set_ranker(model)
         labeler, filter, ranker, config = self._resolve(model, labeler, filter, ranker, config or er_config, dataset)
         # which loop config file ran (None: options given in code), for a front end to say so
         self.config_source = str(config) if isinstance(config, (str, Path)) else None
@@ -63,8 +70,15 @@ class EfficientRAGPipeline(Pipeline):
         from effrag.setup import as_retriever
 
         models = load_models(labeler, filter, ranker=ranker)
+        if config.set_ranker_top and set_ranker is None:
+            raise ValueError(SET_RANKER_MISSING)
+        if config.set_ranker_top and isinstance(set_ranker, (str, Path)):
+            from effrag.models.set_ranker import load as load_set_ranker
+
+            set_ranker = load_set_ranker(set_ranker)
         self.loop = EfficientRAGLoop(models[0], models[1], as_retriever(retriever), config,
-                                     ranker=models[2] if ranker is not None else None)
+                                     ranker=models[2] if ranker is not None else None,
+                                     set_ranker=set_ranker if config.set_ranker_top else None)
         # the retriever's corpus split and tokenised once, as an index is built: each question's reads then cost only
         # the models (EfficientRAGLoop.prepare; prepare=False leaves it to the first questions that read a chunk)
         # A late-interaction ranker's chunk vectors are kept on disk (vector_store: a folder; None: the default one,
@@ -110,8 +124,9 @@ class EfficientRAGPipeline(Pipeline):
             system = open_system(model, config if isinstance(config, (str, Path)) else None, dataset)
             labeler_dir, filter_dir, ranker = system.labeler, system.filter, ranker or system.ranker
             config = config if config is not None else system.config
+            set_ranker = system.set_ranker
         else:
-            labeler_dir = model
+            labeler_dir, set_ranker = model, None
         cfg = build_config(config, **options)
         if retriever is None or (isinstance(retriever, str) and retriever in RETRIEVER_KINDS):
             kind = retriever or (config_retriever(config) if isinstance(config, (str, Path)) else None) or \
@@ -123,7 +138,7 @@ class EfficientRAGPipeline(Pipeline):
         if cfg.pool_order != "rank" and cfg.labeler_top is None:
             ranker = None  # a system's ranker only reads when the config ranks by it
         return cls(as_retriever(retriever, corpus), labeler=labeler_dir, filter=filter_dir, config=cfg,
-                   ranker=ranker, generator=generator, vector_store=vector_store)
+                   ranker=ranker, generator=generator, vector_store=vector_store, set_ranker=set_ranker)
 
     @classmethod
     def system_options(cls, model: str | None = None, config_file: str | None = None) -> dict[str, Any]:
@@ -165,10 +180,22 @@ class EfficientRAGPipeline(Pipeline):
     @classmethod
     def check_options(cls, labeler=None, filter=None, config=None, k=None, er_config=None, er_batch_size=None,
                       er_bf16=None, ranker=None, model=None, dataset=None, **options: Any) -> None:
+        own_set = cls._own_set_ranker(model) if labeler is None and filter is None else None
         _, _, ranker, config = cls._resolve(model, labeler, filter, ranker, config or er_config, dataset)
-        needs = cls._config(config, k, er_batch_size, er_bf16, **options).needs_ranker()
+        cfg = cls._config(config, k, er_batch_size, er_bf16, **options)
+        needs = cfg.needs_ranker()
         if needs and ranker is None:
             raise ValueError(f"{needs} needs a pool ranker (--ranker DIR, or a system folder with ranker/)")
+        if cfg.set_ranker_top and own_set is None and options.get("set_ranker") is None:
+            raise ValueError(SET_RANKER_MISSING)
+
+    @staticmethod
+    def _own_set_ranker(model) -> Path | None:
+        """The system's ``set-ranker/`` folder, if it has one."""
+        from .system import DEFAULT_SYSTEM, system_root
+
+        own = system_root(model or DEFAULT_SYSTEM) / SET_RANKER
+        return own if own.is_dir() else None
 
     @classmethod
     def check_file_options(cls, checkpoints: dict[str, Any], options: dict[str, Any], where: str,

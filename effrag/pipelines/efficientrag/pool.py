@@ -11,10 +11,15 @@ link bonus: ``link_weight`` when the chunk's title is named in the text of one o
 ``backlink_weight`` when the chunk's own text names one of their titles. Titles are matched as whole words,
 case-folded, without a trailing "(disambiguation)" (:func:`effrag.text.link_title`). Nothing here reads a
 retriever's raw score, so one config carries across retrievers and corpus sizes.
+
+``set_ranker_top: N`` then hands the order's first N candidates to a set-wise model (:mod:`effrag.models.set_ranker`,
+a system's ``set-ranker/``), which scores them together from what the loop knows of each (:func:`_record`): the
+link bonus becomes one input among others, and a score can depend on the other candidates.
 """
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 
 from effrag.text import link_form, link_title
@@ -24,9 +29,12 @@ from .config import EfficientRAGConfig
 from .state import LoopState, logit
 
 
-def rank_pool(s: LoopState, cfg: EfficientRAGConfig) -> Result:
-    """One loop state's :class:`Result`: its pool ordered and cut by ``cfg``'s pool options."""
+def rank_pool(s: LoopState, cfg: EfficientRAGConfig, set_ranker=None) -> Result:
+    """One loop state's :class:`Result`: its pool ordered and cut by ``cfg``'s pool options. ``set_ranker``: the
+    set-wise model that reorders the order's first ``cfg.set_ranker_top`` candidates (:func:`set_order`)."""
     requery = _requery_scores(s, s.pool + s.rejected)  # empty unless requery_weight recorded later queries
+    plain: dict[str, float] = {}
+    ranks: dict[str, int] = {}
     if cfg.pool_order == "rank":
         ranks = _requery_ranks(s, s.pool + s.rejected)
 
@@ -36,7 +44,7 @@ def rank_pool(s: LoopState, cfg: EfficientRAGConfig) -> Result:
             later = cfg.requery_weight * math.log1p(ranks[c.id]) if c.id in ranks else 0.0
             return conf - cfg.retrieval_weight * math.log1p(c.retrieval_rank or 0) - later
 
-        scores = {c.id: relevance(c) for c in s.pool + s.rejected}
+        scores = plain = {c.id: relevance(c) for c in s.pool + s.rejected}
         if cfg.link_weight or cfg.backlink_weight:
             scores = _with_links(s, s.pool + s.rejected, scores, cfg)
         pool_key = extra_key = lambda c: (-scores[c.id], c.hop)  # noqa: E731
@@ -54,6 +62,14 @@ def rank_pool(s: LoopState, cfg: EfficientRAGConfig) -> Result:
         pool = sorted(s.pool + [replace(c, fallback=True) for c in s.rejected], key=extra_key)
     else:
         pool = sorted(s.pool, key=pool_key)
+    set_seconds = 0.0
+    if cfg.set_ranker_top:
+        t0 = time.perf_counter()
+        if set_ranker is None:
+            raise ValueError("EfficientRAGConfig.set_ranker_top needs a set-wise pool ranker (a system's set-ranker/)")
+        pool = set_order(s, pool, [_record(s, c, plain, order, ranks) for c in pool[: cfg.set_ranker_top]],
+                         set_ranker)
+        set_seconds = time.perf_counter() - t0
     if len(pool) < cfg.min_candidates:
         extra = sorted(s.rejected, key=extra_key)[: cfg.min_candidates - len(pool)]
         pool += [replace(c, fallback=True) for c in extra]
@@ -62,6 +78,7 @@ def rank_pool(s: LoopState, cfg: EfficientRAGConfig) -> Result:
     if order:  # what the order sorted by, for a reader of the result (the retrieve CLI's score column)
         pool = [replace(c, order_score=float(order[c.id])) for c in pool]
     timing = {k: s.timing.get(k, 0.0) for k in ("retrieval", "labeler", "filter", "other")}
+    timing["other"] += set_seconds
     timing["total"] = sum(timing.values())
     extra = {"requery_scores": {c.id: requery[c.id] for c in pool if c.id in requery}} if cfg.requery_weight else {}
     if cfg.relabel_weight:
@@ -107,3 +124,36 @@ def _requery_ranks(s: LoopState, chunks: list[Chunk]) -> dict[str, int]:
     if not s.requeries:
         return {}
     return {c.id: min(reached[c.id][1] if c.id in reached else n for reached, n in s.requeries) for c in chunks}
+
+
+def set_order(s: LoopState, pool: list[Chunk], records: list[dict], set_ranker) -> list[Chunk]:
+    """``pool`` with its first ``len(records)`` chunks in ``set_ranker``'s order (they are scored together, each
+    score reading the others; :mod:`effrag.models.set_ranker`), the rest as they were."""
+    if len(records) < 2:
+        return pool
+    queries = [q for e in s.trace for q in e.get("next_queries", [])]
+    scores = set_ranker.predict(s.question, queries, records)
+    head = [pool[i] for i in sorted(range(len(records)), key=lambda i: (-scores[i], i))]
+    return head + pool[len(records):]
+
+
+def _record(s: LoopState, c: Chunk, plain: dict[str, float], linked: dict[str, float], ranks: dict[str, int]) -> dict:
+    """What a set-wise ranker reads of one candidate: the pool order's score with (``linked``) and without
+    (``plain``) the link terms, the pool ranker's best logit, the Labeler's, retrieval and requery ranks."""
+    conf = c.rank_score if c.rank_score is not None else logit(c.score)
+    return {"id": c.id, "title": c.title, "text": c.text, "hop": c.hop, "rejected": c.fallback,
+            "labeler": logit(c.score), "ranker": max(conf, s.rescores.get(c.id, conf)),
+            "retrieval_rank": c.retrieval_rank, "requery_rank": ranks.get(c.id),
+            "linked": float(linked.get(c.id, 0.0)), "plain": float(plain.get(c.id, linked.get(c.id, 0.0)))}
+
+
+def pool_candidates(s: LoopState, cfg: EfficientRAGConfig, top: int) -> list[dict]:
+    """The ``top`` first candidates of ``cfg``'s pool order (before any set-wise step), as the records a set-wise
+    pool ranker reads (:func:`_record`): its training data."""
+    cfg = replace(cfg, max_candidates=None, set_ranker_top=0)
+    full = rank_pool(s, cfg)
+    plain = rank_pool(s, replace(cfg, link_weight=0.0, backlink_weight=0.0))
+    plain_score = {c.id: c.order_score for c in plain.chunks if c.order_score is not None}
+    linked = {c.id: c.order_score for c in full.chunks if c.order_score is not None}
+    ranks = _requery_ranks(s, s.pool + s.rejected)
+    return [_record(s, c, plain_score, linked, ranks) for c in full.chunks[:top]]

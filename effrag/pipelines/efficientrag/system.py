@@ -3,6 +3,7 @@
 A system folder (what ``bash scripts/train_efficientrag.sh all`` writes, and what ``effrag/pretrained/`` ships)::
 
     labeler/  filter/  [ranker/]     checkpoints
+    [set-ranker/]                    the set-wise pool ranker a config with set_ranker_top reads
     [ranker-<name>/]                 other pool rankers a loop config may read with (ranker-teacher/, ranker-late/)
     loop.json                        the general loop config, tuned jointly over the dev files
     loop-<dataset>.json              optional per-dataset configs
@@ -23,6 +24,7 @@ from typing import Any
 
 GENERAL_CONFIG = "loop.json"
 DEFAULT_SYSTEM = "efficientrag-all"
+SET_RANKER = "set-ranker"  # the set-wise pool ranker's folder in a system (effrag.models.set_ranker)
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class SystemFiles:
     config: Path | None
     retriever: str | None
     encoder: str | None = None  # the dense leg's encoder alias the config was tuned over (None: the default)
+    set_ranker: Path | None = None  # set-ranker/: what a config with set_ranker_top reorders its pool with
 
     def describe(self) -> dict[str, Any]:
         return {"labeler": str(self.labeler), "filter": str(self.filter),
@@ -155,11 +158,12 @@ def open_system(model: str | Path = DEFAULT_SYSTEM, config: str | Path | None = 
     if named is not None and not (root / named).is_dir():
         raise FileNotFoundError(f"{chosen}: field 'ranker' names {named}/, which {root} does not hold")
     ranker = root / (named or "ranker") if (root / (named or "ranker")).is_dir() else None
-    for member in (root / "labeler", root / "filter", ranker):
+    set_ranker = root / SET_RANKER if (root / SET_RANKER).is_dir() else None
+    for member in (root / "labeler", root / "filter", ranker, set_ranker):
         if member is not None:
             inside_system(root, member)
     return SystemFiles(root=root, labeler=root / "labeler", filter=root / "filter", ranker=ranker, config=chosen,
-                       retriever=config_retriever(chosen), encoder=config_encoder(chosen))
+                       retriever=config_retriever(chosen), encoder=config_encoder(chosen), set_ranker=set_ranker)
 
 
 def inside_system(root: Path, member: Path) -> None:

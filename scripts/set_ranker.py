@@ -213,13 +213,15 @@ def train(argv) -> int:
                           "no_links": args.no_links, "seeds": args.seeds, "recall_5_7_10": res}))
         return 0
     t0 = time.time()
-    for s in range(args.seeds):
-        model = fit(data, args, s)
-        sr.save(model, args.out if args.seeds == 1 else args.out / f"seed{s}",
-                {"train": [str(f) for f in args.train], "questions": len(data), "epochs": args.epochs,
-                 "lr": args.lr, "dim": args.dim, "layers": args.layers, "seed": s, "drop": args.drop,
-                 "no_links": args.no_links, "pointwise": args.pointwise, "commit": commit,
-                 **portable(provenance(files=args.train))})
+    models = [fit(data, args, s) for s in range(args.seeds)]
+    info = {"train": [str(f) for f in args.train], "questions": len(data), "epochs": args.epochs, "lr": args.lr,
+            "dim": args.dim, "layers": args.layers, "seeds": args.seeds, "drop": args.drop,
+            "no_links": args.no_links, "pointwise": args.pointwise, "commit": commit,
+            **portable(provenance(files=args.train))}
+    if args.seeds == 1:
+        sr.save(models[0], args.out, {**info, "seed": 0})
+    else:
+        sr.save_ensemble(models, args.out, info)
     print(f"trained {args.seeds} model(s) in {time.time() - t0:.0f} s", file=sys.stderr)
     return 0
 
@@ -237,7 +239,7 @@ def score(argv) -> int:
     commit = require_clean(args.allow_dirty)
     models = {m.name: load_members(m) for m in args.model}
     meta = {"commit": commit, "command": "python scripts/set_ranker.py score " + " ".join(map(str, argv)),
-            "models": {m.name: {str(w.relative_to(m)): file_sha256(w) for w in sorted(m.rglob("*.safetensors"))}
+            "models": {m.name: {w.relative_to(m).as_posix(): file_sha256(w) for w in sorted(m.rglob("*.safetensors"))}
                        for m in args.model},
             "dumps": {p.name: json.loads(p.with_suffix(".meta.json").read_text()).get("commit")
                       for p in args.dumps if p.with_suffix(".meta.json").is_file()}}
@@ -263,11 +265,10 @@ def score(argv) -> int:
 
 
 def load_members(folder: Path) -> list:
-    """A trained folder's model, or each ``seed*`` model of an ensemble folder, with its ``set_ranker.json``."""
+    """A trained folder's model (one, or an ensemble's mean) with its ``set_ranker.json``."""
     from effrag.models import set_ranker as sr
 
-    parts = sorted(folder.glob("seed*")) or [folder]
-    return [(sr.load(d), json.loads((d / "set_ranker.json").read_text())) for d in parts]
+    return [(sr.load(folder), json.loads((folder / sr.CONFIG).read_text()))]
 
 
 def report(argv) -> int:

@@ -6,13 +6,13 @@
 #    train questions of the given datasets and the dev questions of all three, over RETRIEVER with ENCODER on the
 #    dataset's train + dev corpus.
 # 2. Trains the model on the train dumps only (settings fixed by 5-fold cross-validation over the train questions:
-#    reports/efficientrag/set-ranker/README.md) into SYSTEM_DIR/set-ranker/.
+#    reports/efficientrag/set-ranker/README.md) into SYSTEM_DIR/set-ranker/: the mean of SEEDS (default 5) runs.
 # 3. Scores the dev dumps, reorders the first 10 / 20 / 30, and decides per loop config with the shipping rule
 #    (best recall at 7 and 10, cross-fitted; it ships only where the cross-fitted recall beats the loop's own
 #    order): set_ranker_top goes into the loop configs the rule picks it for, with the figures beside it.
 # Every dump resumes. Env: DATA (default ../shared/data), BIN (default .venv/bin), RETRIEVER (default hybrid),
 # ENCODER (default e5-small), OUT (the dumps, default runs/set-ranker/<system folder name>), REPORT_DIR (the scores
-# and the decisions, default OUT), EPOCHS (default 10).
+# and the decisions, default OUT), EPOCHS (default 10), SEEDS (default 5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ck=${1:?usage: scripts/train_set_ranker.sh SYSTEM_DIR [train dataset ...]}
@@ -50,7 +50,8 @@ for d in hotpotqa 2wikimqa musique; do
   done
   joint+=("$d-dev-all")
 done
-"$BIN/python" scripts/set_ranker.py train --train "${train_dumps[@]}" --epochs "${EPOCHS:-10}" --out "$ck/set-ranker"
+"$BIN/python" scripts/set_ranker.py train --train "${train_dumps[@]}" --epochs "${EPOCHS:-10}" --seeds "${SEEDS:-5}" \
+  --out "$ck/set-ranker"
 "$BIN/python" scripts/set_ranker.py score --model "$ck/set-ranker" --tops 10,20,30 --dumps "${dev_dumps[@]}" \
   --out "$REPORT_DIR/scores.jsonl.gz"
 "$BIN/python" scripts/set_ranker.py report --scores "$REPORT_DIR/scores.jsonl.gz" --joint "${joint[@]}" \

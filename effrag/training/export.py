@@ -44,11 +44,12 @@ def export_system(src: Path, dst: Path, figures: Path | None = None) -> dict:
                 shutil.copy(src / name / "README.md", dst / name / "TRAINING.md")
         sizes[name] = (dst / name / COMPACT_NAME).stat().st_size
     if (src / "set-ranker").is_dir():  # the set-wise pool ranker (effrag.models.set_ranker): small, copied as it is
-        from effrag.models.set_ranker import WEIGHTS as SET_WEIGHTS, load as load_set_ranker
+        from effrag.models.set_ranker import load as load_set_ranker
 
         load_set_ranker(src / "set-ranker")  # refuses a damaged or foreign file before it ships
         shutil.copytree(src / "set-ranker", dst / "set-ranker")
-        sources["set-ranker"] = {SET_WEIGHTS: file_sha256(src / "set-ranker" / SET_WEIGHTS)}
+        sources["set-ranker"] = {w.relative_to(src / "set-ranker").as_posix(): file_sha256(w)
+                                 for w in sorted((src / "set-ranker").rglob("*.safetensors"))}
     for f in ["loop.json", *(f"loop-{d}.json" for d in LOOP_DATASETS)]:
         shutil.copy(src / f, dst / f)
     if (src / "README.md").is_file():

@@ -230,3 +230,22 @@ def test_the_rule_ships_the_model_where_folds_agree_and_keeps_the_pool_where_the
     assert shipped["config"] == {"hop_k": 5, "set_ranker_top": 10} and shipped["set_ranker"]["report"] == "reports/x.md"
     kept = apply_decision(loop, noisy, "reports/x.md")
     assert kept["config"] == {"hop_k": 5} and kept["set_ranker"]["top"] == 0 and loop["config"]["set_ranker_top"] == 20
+
+
+def test_an_ensemble_scores_its_members_mean_and_checks_each_member(tmp_path):
+    torch.manual_seed(0)
+    members = [sr.build_model(dim=16, layers=1).eval() for _ in range(3)]
+    sr.save_ensemble(members, tmp_path / "e", {"epochs": 1})
+    back = sr.load(tmp_path / "e")
+    x, links, pad, _ = _batch(RECORDS)
+    singles = [sr.load(tmp_path / "e" / f"member{i}")(x, links, pad)[0, :3] for i in range(3)]
+    assert torch.allclose(back(x, links, pad)[0, :3], torch.stack(singles).mean(0), atol=1e-6)
+    assert back.predict("Who directed Film X?", [], RECORDS) == pytest.approx(back(x, links, pad)[0, :3].tolist())
+    w = tmp_path / "e" / "member1" / "set_ranker.safetensors"
+    w.write_bytes(w.read_bytes()[:-1] + b"\0")
+    with pytest.raises(ValueError, match="member1/set_ranker.safetensors: SHA-256 differs"):
+        sr.load(tmp_path / "e")
+    cfg = json.loads((tmp_path / "e" / "set_ranker.json").read_text())
+    (tmp_path / "e" / "set_ranker.json").write_text(json.dumps({**cfg, "members": ["../elsewhere"]}))
+    with pytest.raises(ValueError, match="'members' must name member folders inside"):
+        sr.load(tmp_path / "e")

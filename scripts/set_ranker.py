@@ -49,6 +49,7 @@ def dump(argv) -> int:
     from effrag.pipelines import build_pipeline
     from effrag.pipelines.efficientrag.pool import pool_candidates
     from effrag.pipelines.efficientrag.system import DEFAULT_SYSTEM, open_system
+    from effrag.provenance import portable
     from effrag.setup import RunSetup
     from effrag.tuning import parse_grid
 
@@ -78,9 +79,10 @@ def dump(argv) -> int:
                                     "records": pool_candidates(s, loop.config, args.top)}) + "\n")
             f.flush()
             print(f"{b + len(idx)}/{len(todo)} questions, {time.time() - t0:.0f} s", file=sys.stderr)
-    meta = {"config": loop.config.to_json(), "setup": run.identity(), "top": args.top, "commit": commit,
-            "command": "python scripts/set_ranker.py dump " + " ".join(map(str, argv))}
-    args.out.with_suffix(".meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if todo or not args.out.with_suffix(".meta.json").is_file():  # a resumed dump keeps the commit it began at
+        meta = {"config": loop.config.to_json(), "setup": run.identity(), "top": args.top, "commit": commit,
+                "command": "python scripts/set_ranker.py dump " + " ".join(map(str, argv))}
+        args.out.with_suffix(".meta.json").write_text(json.dumps(portable(meta), indent=2) + "\n")
     return 0
 
 

@@ -52,6 +52,10 @@ VARIANTS = {
     "label-last-hop": {"label_last_hop": True},  # the Labeler reads the last hop too (the configs before 2026-11-28)
     "skip-last-labels": {"label_last_hop": False},
     "batch64": {"batch_size": 64},
+    # issue #70: 5 chunks, in the pool order and in the set-wise ranker's (the system's set-ranker/)
+    "cut5": {"max_candidates": 5},
+    "set5": {"set_ranker_top": 10, "max_candidates": 5},
+    "set5-top30": {"set_ranker_top": 30, "max_candidates": 5},
 }
 
 
@@ -109,9 +113,16 @@ def main(argv=None) -> int:
     names = ["shipped"] + [n for n in args.variants if n != "shipped"]
     print(f"setup {setup_s:.1f}s, {len(setup.texts)} questions, corpus {len(setup.corpus)}, "
           f"torch threads {torch.get_num_threads()}", file=sys.stderr)
+    set_ranker = None
+    if any(VARIANTS[n].get("set_ranker_top") for n in names):
+        if system.set_ranker is None:
+            p.error(f"{system.root} has no set-ranker/ for the variants with set_ranker_top")
+        from effrag.models.set_ranker import load as load_set_ranker
+
+        set_ranker = load_set_ranker(system.set_ranker)
     out = measure(setup, labeler, filter_model, base, {n: VARIANTS[n] for n in names}, batch=args.batch,
                   single=args.single, unit_pairs=args.unit_pairs, log=lambda m: print(m, file=sys.stderr), ranker=ranker,
-                  prepare=args.prepare)
+                  prepare=args.prepare, set_ranker=set_ranker)
     rows = out["rows"]
     b = rows[0]
     dest = Path(args.output)

@@ -174,12 +174,14 @@ def run_variant(loop, texts: list[str], gold: list[list[str]], batch: int, singl
 
 
 def measure(setup, labeler, filter_model, base_config, variants: dict[str, dict], *, batch: int = 16,
-            single: int = 8, unit_pairs: int = 256, log=print, ranker=None, prepare: bool = True) -> dict:
+            single: int = 8, unit_pairs: int = 256, log=print, ranker=None, prepare: bool = True,
+            set_ranker=None) -> dict:
     """Every variant's cost and recall; the unit (plain Labeler forward per pair) timed between its batches.
 
     With ``prepare`` the corpus is split and tokenised first, as ``effrag eval`` and ``effrag serve`` do when they
     open the system (:meth:`~effrag.pipelines.efficientrag.loop.EfficientRAGLoop.prepare`); its seconds are the
-    returned ``prepared``, an index-time cost beside the per-question one."""
+    returned ``prepared``, an index-time cost beside the per-question one. ``set_ranker``: the system's set-wise
+    pool ranker, for variants with ``set_ranker_top``."""
     from effrag.pipelines.efficientrag import EfficientRAGLoop
     from effrag.tuning.efficientrag import forwards
 
@@ -190,7 +192,8 @@ def measure(setup, labeler, filter_model, base_config, variants: dict[str, dict]
     log(f"prepared {prepared['passages']} chunks in {prepared['seconds']:.1f} s")
     for name, changes in variants.items():
         cfg = base_config.replace(**changes)
-        loop = EfficientRAGLoop(labeler, filter_model, setup.retriever, cfg, ranker=ranker, words=words)
+        loop = EfficientRAGLoop(labeler, filter_model, setup.retriever, cfg, ranker=ranker, words=words,
+                                set_ranker=set_ranker if cfg.set_ranker_top else None)
         def between(batch_results, cfg=cfg):
             nonlocal unit
             if unit is None:  # the baseline's first batch: its pairs give the unit's sample (every k-th)

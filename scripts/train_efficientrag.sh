@@ -36,6 +36,8 @@
 #    groups (installed as ranker-late/: a chunk is read once, at index time), `effrag ranker-codec` fits its vectors'
 #    codec on the train passages (stored at about 1.5 KB a chunk), and step 4 runs again with the student's
 #    rows and the late ranker's (runs/tune/<name>-<dataset>-loop, runs/tune/<name>-<dataset>-late).
+# 6. The set-wise pool ranker (SET_RANKER=0 skips it): scripts/train_set_ranker.sh trains set-ranker/ on the train
+#    questions' pools and writes into each loop config whether the shipping rule picks it (set_ranker_top).
 # Every stage resumes; finished stages are reused.
 # Env: DATA (default ../shared/data), PROCESSES (CPU processes, default 1), BIN (default .venv/bin), LAUNCH (raw
 # `accelerate launch` arguments for GPUs, e.g. LAUNCH="--multi_gpu --num_processes 4"), RETRIEVER (the loop's
@@ -140,4 +142,12 @@ if [ -z "${TUNE_ONLY:-}" ] && [ "${LOOP_DISTILL:-1}" != 0 ]; then
   "$BIN/effrag" ranker-codec --model "$ck/ranker-late" --inputs "${inputs[@]}"
   tune_and_report "-loop"
 fi
-echo "EfficientRAG system in $ck: labeler/, filter/, ranker/, loop.json, loop-{hotpotqa,2wikimqa,musique}.json"
+if [ "${SET_RANKER:-1}" != 0 ]; then
+  # 6. the set-wise pool ranker (issue #70): trained on the train questions' pools under the loop configs just
+  # written, shipped into a loop config only where the shipping rule picks it (scripts/train_set_ranker.sh)
+  train_sets=("$ds")
+  [ "$ds" = all ] && train_sets=(hotpotqa 2wikimqa musique)
+  DATA="$DATA" BIN="$BIN" RETRIEVER="$RETRIEVER" ENCODER="$ENCODER" bash scripts/train_set_ranker.sh "$ck" \
+    "${train_sets[@]}"
+fi
+echo "EfficientRAG system in $ck: labeler/, filter/, ranker/, set-ranker/, loop.json, loop-{hotpotqa,2wikimqa,musique}.json"

@@ -137,3 +137,32 @@ def test_every_shipped_loop_config_is_the_pick_of_its_committed_evidence(tmp_pat
             assert shipped.get(field) == rebuilt.get(field), (name, field)
         assert shipped["chosen_on"]["rule"] == rebuilt["chosen_on"]["rule"]
     assert report["per_dataset"]["2wikimqa"]["ships"] == "loop.json"  # as the card and the README say
+
+
+def test_every_shipped_loop_config_records_the_set_ranker_decision_of_its_committed_scores():
+    """Issue #70: the set-wise ranker's step (scripts/train_set_ranker.sh) decided, per loop config, whether it
+    reorders the pool (``set_ranker_top``); rebuilt from the committed per-question scores with the bundled questions
+    left out, the decision and its figures are what each shipped file records, and a config carries
+    ``set_ranker_top`` exactly when the decision ships the model."""
+    import gzip
+    from pathlib import Path
+
+    from effrag.data import sample_question_ids
+    from effrag.pretrained import pretrained_path
+    from effrag.tuning.set_ranker import apply_decision, evaluate_unit, group_rows
+
+    root = Path(__file__).resolve().parents[1]
+    evidence = root / "reports" / "efficientrag" / "set-ranker" / "scores.jsonl.gz"
+    rows = [json.loads(line) for line in gzip.open(evidence, "rt")]
+    groups = group_rows(rows, sample_question_ids(("hotpotqa", "2wikimqa", "musique")))
+    joint = evaluate_unit(groups, ["hotpotqa-dev-all", "2wikimqa-dev-all", "musique-dev-all"])
+    own = {ds: evaluate_unit(groups, [f"{ds}-dev-own"]) for ds in ("hotpotqa", "musique")}
+    system = Path(pretrained_path("efficientrag-all"))
+    report = "reports/efficientrag/set-ranker/decisions.md"
+    for name, decision in (("loop.json", joint), ("loop-2wikimqa.json", joint), ("loop-hotpotqa.json", own["hotpotqa"]),
+                           ("loop-musique.json", own["musique"])):
+        shipped = json.loads((system / name).read_text())
+        rebuilt = apply_decision(shipped, decision, report)
+        assert shipped["set_ranker"] == json.loads(json.dumps(rebuilt["set_ranker"])), name
+        assert shipped["config"].get("set_ranker_top", 0) == decision["top"], name
+    assert (system / "set-ranker" / "set_ranker.json").is_file()

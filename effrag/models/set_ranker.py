@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from effrag.state_files import atomic_path, write_text_atomic
 from effrag.text import link_form, link_title
 
 FEATURE_NAMES = (
@@ -209,8 +210,8 @@ def save_ensemble(models: Sequence[Any], folder: str | Path, provenance: Mapping
         save(m, folder / name, {**dict(provenance or {}), "seed": int(name.removeprefix("member"))})
     if (folder / WEIGHTS).exists():
         (folder / WEIGHTS).unlink()
-    (folder / CONFIG).write_text(json.dumps({"format": FORMAT, "members": names,
-                                             "provenance": dict(provenance or {})}, indent=2) + "\n")
+    write_text_atomic(folder / CONFIG, json.dumps({"format": FORMAT, "members": names,
+                                                   "provenance": dict(provenance or {})}, indent=2) + "\n")
 
 
 def save(model, folder: str | Path, provenance: Mapping[str, Any] | None = None) -> None:
@@ -224,11 +225,11 @@ def save(model, folder: str | Path, provenance: Mapping[str, Any] | None = None)
     torch = _torch()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()},
-              str(folder / WEIGHTS))
+    with atomic_path(folder / WEIGHTS) as tmp:
+        save_file({k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}, str(tmp))
     digest = hashlib.sha256((folder / WEIGHTS).read_bytes()).hexdigest()
-    (folder / CONFIG).write_text(json.dumps({**model.config, "sha256": digest,
-                                             "provenance": dict(provenance or {})}, indent=2) + "\n")
+    write_text_atomic(folder / CONFIG, json.dumps({**model.config, "sha256": digest,
+                                                   "provenance": dict(provenance or {})}, indent=2) + "\n")
 
 
 def load(folder: str | Path):

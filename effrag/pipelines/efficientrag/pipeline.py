@@ -72,13 +72,12 @@ class EfficientRAGPipeline(Pipeline):
         models = load_models(labeler, filter, ranker=ranker)
         if config.set_ranker_top and set_ranker is None:
             raise ValueError(SET_RANKER_MISSING)
-        if config.set_ranker_top and isinstance(set_ranker, (str, Path)):
+        if isinstance(set_ranker, (str, Path)):  # loaded whenever the system has one: a request may ask for it
             from effrag.models.set_ranker import load as load_set_ranker
 
             set_ranker = load_set_ranker(set_ranker)
         self.loop = EfficientRAGLoop(models[0], models[1], as_retriever(retriever), config,
-                                     ranker=models[2] if ranker is not None else None,
-                                     set_ranker=set_ranker if config.set_ranker_top else None)
+                                     ranker=models[2] if ranker is not None else None, set_ranker=set_ranker)
         # the retriever's corpus split and tokenised once, as an index is built: each question's reads then cost only
         # the models (EfficientRAGLoop.prepare; prepare=False leaves it to the first questions that read a chunk)
         # A late-interaction ranker's chunk vectors are kept on disk (vector_store: a folder; None: the default one,

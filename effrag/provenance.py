@@ -116,6 +116,15 @@ def source_commit(repo: str | Path | None = None) -> str:
     return f"{head} + uncommitted changes" if dirty else head
 
 
+def committed_source(allow_dirty: bool = False) -> str:
+    """:func:`source_commit` for a script whose figures must come from committed code: a tree with uncommitted
+    changes ends the script with a one-line message unless ``allow_dirty`` (then the commit says so)."""
+    commit = source_commit()
+    if commit.endswith("uncommitted changes") and not allow_dirty:
+        raise SystemExit(f"the tree has uncommitted changes ({commit}): commit first, or --allow-dirty")
+    return commit
+
+
 def file_sha256(path: str | Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -136,11 +136,9 @@ def main(argv=None) -> None:
     if args.one:
         print(json.dumps(measure(args.one, args.work / str(args.one), args.data, args.questions)))
         return
-    from effrag.provenance import source_commit, write_report
+    from effrag.provenance import committed_source, write_report
 
-    commit = source_commit()
-    if commit.endswith("uncommitted changes") and not args.allow_dirty:
-        sys.exit(f"the tree has uncommitted changes ({commit}): commit first, or --allow-dirty")
+    commit = committed_source(args.allow_dirty)
     rows = []
     for size in args.sizes:
         made = build(size, args.work / str(size), args.data)

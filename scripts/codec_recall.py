@@ -64,11 +64,9 @@ def main(argv=None) -> None:
     ap.add_argument("--allow-dirty", action="store_true")
     args = ap.parse_args(argv)
     from effrag.data import sample_question_ids
-    from effrag.provenance import source_commit, write_report
+    from effrag.provenance import committed_source, write_report
 
-    commit = source_commit()
-    if commit.endswith("uncommitted changes") and not args.allow_dirty:
-        sys.exit(f"the tree has uncommitted changes ({commit}): commit first, or --allow-dirty")
+    commit = committed_source(args.allow_dirty)
     table, data = [], {}
     for spec in args.runs + ([args.control] if args.control else []):
         name, rest = spec.split("=", 1)

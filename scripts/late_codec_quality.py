@@ -110,11 +110,9 @@ def main(argv=None) -> None:
     from effrag.codec_cli import sample_tokens
     from effrag.models import load_model
     from effrag.models.late_codec import ProductQuantizer
-    from effrag.provenance import source_commit, write_report
+    from effrag.provenance import committed_source, write_report
 
-    commit = source_commit()
-    if commit.endswith("uncommitted changes") and not args.allow_dirty:
-        sys.exit(f"the tree has uncommitted changes ({commit}): commit first, or --allow-dirty")
+    commit = committed_source(args.allow_dirty)
     torch.manual_seed(0)
     t0 = time.perf_counter()
     model = load_model(args.model).eval()

@@ -28,6 +28,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 TOP = 30
 
+from effrag.provenance import committed_source  # noqa: E402 (no torch: the help prints without it)
+
 
 def dump(argv) -> int:
     from effrag.cli_args import add_method_args, add_run_args
@@ -41,7 +43,7 @@ def dump(argv) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--allow-dirty", action="store_true")
     args = p.parse_args(argv)
-    commit = require_clean(args.allow_dirty)
+    commit = committed_source(args.allow_dirty)
     import logging
     from dataclasses import replace
 
@@ -105,24 +107,16 @@ def read_dump(path: Path) -> list[dict]:
     return out
 
 
-def require_clean(allow_dirty: bool) -> str:
-    """The commit the figures come from; a tree with uncommitted changes is refused unless ``allow_dirty``."""
-    from effrag.provenance import source_commit
-
-    commit = source_commit()
-    if commit.endswith("uncommitted changes") and not allow_dirty:
-        sys.exit(f"the tree has uncommitted changes ({commit}): commit first, or --allow-dirty")
-    return commit
-
-
 def read_text(path: Path) -> str:
     """A text file, gunzipped when its name ends in .gz (the committed scores)."""
     return gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
 
 
 def recall_curve(ids: list[str], gold: list[str], k_max: int = 10) -> list[float]:
-    g = set(gold)
-    return [len(g & set(ids[:k])) / len(g) if g else 1.0 for k in range(1, k_max + 1)]
+    """Recall of ``ids`` cut at 1..``k_max`` (:func:`effrag.evaluation.metrics.recall`)."""
+    from effrag.evaluation.metrics import recall
+
+    return [recall(ids[:k], gold) for k in range(1, k_max + 1)]
 
 
 def fit(data: list[dict], args, seed: int):
@@ -195,7 +189,7 @@ def train(argv) -> int:
     from effrag.provenance import portable, provenance
     from effrag.tuning.crossfit import folds
 
-    commit = require_clean(args.allow_dirty)
+    commit = committed_source(args.allow_dirty)
     data = [q for f in args.train for q in read_dump(f)]
     if args.cv:
         fold_of = folds([f"{q['dataset']}:{q['id']}" for q in data], args.cv, 0)
@@ -236,10 +230,11 @@ def score(argv) -> int:
     p.add_argument("--tops", default="10,20,30", help="the model reorders the pool's first M, for each M")
     p.add_argument("--allow-dirty", action="store_true")
     args = p.parse_args(argv)
+    from effrag.models import set_ranker as sr
     from effrag.provenance import file_sha256, portable
 
-    commit = require_clean(args.allow_dirty)
-    models = {m.name: load_members(m) for m in args.model}
+    commit = committed_source(args.allow_dirty)
+    models = {m.name: (sr.load(m), json.loads((m / sr.CONFIG).read_text())) for m in args.model}
     meta = {"commit": commit, "command": "python scripts/set_ranker.py score " + " ".join(map(str, argv)),
             "models": {m.name: {w.relative_to(m).as_posix(): file_sha256(w) for w in sorted(m.rglob("*.safetensors"))}
                        for m in args.model},
@@ -256,21 +251,13 @@ def score(argv) -> int:
                        "curves": {"pool": recall_curve(ids, q["gold"])}}
                 plain = sorted(range(len(ids)), key=lambda i: -q["records"][i]["plain"])
                 row["curves"]["pool_no_links"] = recall_curve([ids[i] for i in plain], q["gold"])
-                for name, members in models.items():
-                    s = [sum(v) for v in zip(*(model_scores(m, q, meta["provenance"].get("drop", []),
-                                                            meta["provenance"].get("no_links", False))
-                                               for m, meta in members))]
+                for name, (model, info) in models.items():
+                    s = model_scores(model, q, info["provenance"].get("drop", []),
+                                     info["provenance"].get("no_links", False))
                     for m in map(int, args.tops.split(",")):
                         row["curves"][f"{name}@{m}"] = recall_curve(reordered(q, s, m), q["gold"])
                 f.write(json.dumps(row) + "\n")
     return 0
-
-
-def load_members(folder: Path) -> list:
-    """A trained folder's model (one, or an ensemble's mean) with its ``set_ranker.json``."""
-    from effrag.models import set_ranker as sr
-
-    return [(sr.load(folder), json.loads((folder / sr.CONFIG).read_text()))]
 
 
 def report(argv) -> int:

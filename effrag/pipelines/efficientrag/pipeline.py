@@ -21,13 +21,12 @@ from typing import Any, Sequence
 from ..base import DEFAULT_RETRIEVER, Pipeline, register_pipeline
 from .loop import EfficientRAGLoop
 from .models import load_models
-from .system import SET_RANKER
-
-SET_RANKER_MISSING = ("set_ranker_top needs a set-wise pool ranker: a system folder with set-ranker/ "
-                      "(scripts/set_ranker.py train), or set_ranker=DIR")
 from .config import EfficientRAGConfig, build_config, cli_flags
 from ..generation import Generator, answer_results
 from ..result import Result
+
+SET_RANKER_MISSING = ("set_ranker_top needs a set-wise pool ranker: a system folder with set-ranker/ "
+                      "(scripts/train_set_ranker.sh), or set_ranker=DIR")
 
 
 @register_pipeline("efficientrag", aliases=("efficient-rag",))
@@ -59,9 +58,9 @@ class EfficientRAGPipeline(Pipeline):
                  prepare: bool = True, vector_store: str | Path | bool | None = None, set_ranker=None,
                  **options: Any):
         named = ranker is not None
-        if set_ranker is None and labeler is None and filter is None:  # a system's own set-ranker/, if it has one
-            set_ranker = self._own_set_ranker(model)
-        labeler, filter, ranker, config = self._resolve(model, labeler, filter, ranker, config or er_config, dataset)
+        labeler, filter, ranker, config, own_set = self._resolve(model, labeler, filter, ranker, config or er_config,
+                                                                 dataset)
+        set_ranker = own_set if set_ranker is None else set_ranker  # a system's own set-ranker/, if it has one
         # which loop config file ran (None: options given in code), for a front end to say so
         self.config_source = str(config) if isinstance(config, (str, Path)) else None
         config = self._config(config, k, er_batch_size, er_bf16, **options)
@@ -156,18 +155,18 @@ class EfficientRAGPipeline(Pipeline):
 
     @staticmethod
     def _resolve(model, labeler, filter, ranker, config, dataset: str | None = None):
-        """``(labeler, filter, ranker, config)``: from the system ``model`` when no checkpoint is named (its
-        ``loop-<dataset>.json`` when it has one for ``dataset``, else its ``loop.json``)."""
+        """``(labeler, filter, ranker, config, set_ranker)``: from the system ``model`` when no checkpoint is named
+        (its ``loop-<dataset>.json`` when it has one for ``dataset``, else its ``loop.json``; its ``set-ranker/``)."""
         from .system import DEFAULT_SYSTEM, open_system
 
         if labeler is None and filter is None:
             system = open_system(model or DEFAULT_SYSTEM, config if isinstance(config, (str, Path)) else None, dataset)
-            return system.labeler, system.filter, ranker or system.ranker, config or system.config
+            return system.labeler, system.filter, ranker or system.ranker, config or system.config, system.set_ranker
         if model is not None:
             raise ValueError("give --model (a system) or --labeler/--filter (checkpoints), not both")
         if labeler is None or filter is None:
             raise ValueError("efficientrag needs both --labeler DIR and --filter DIR (or --model, a system folder)")
-        return labeler, filter, ranker, config
+        return labeler, filter, ranker, config, None
 
     @staticmethod
     def _config(config, k, er_batch_size, er_bf16, **options: Any) -> EfficientRAGConfig:
@@ -179,22 +178,13 @@ class EfficientRAGPipeline(Pipeline):
     @classmethod
     def check_options(cls, labeler=None, filter=None, config=None, k=None, er_config=None, er_batch_size=None,
                       er_bf16=None, ranker=None, model=None, dataset=None, **options: Any) -> None:
-        own_set = cls._own_set_ranker(model) if labeler is None and filter is None else None
-        _, _, ranker, config = cls._resolve(model, labeler, filter, ranker, config or er_config, dataset)
+        _, _, ranker, config, own_set = cls._resolve(model, labeler, filter, ranker, config or er_config, dataset)
         cfg = cls._config(config, k, er_batch_size, er_bf16, **options)
         needs = cfg.needs_ranker()
         if needs and ranker is None:
             raise ValueError(f"{needs} needs a pool ranker (--ranker DIR, or a system folder with ranker/)")
-        if cfg.set_ranker_top and own_set is None and options.get("set_ranker") is None:
+        if cfg.set_ranker_top and own_set is None:
             raise ValueError(SET_RANKER_MISSING)
-
-    @staticmethod
-    def _own_set_ranker(model) -> Path | None:
-        """The system's ``set-ranker/`` folder, if it has one."""
-        from .system import DEFAULT_SYSTEM, system_root
-
-        own = system_root(model or DEFAULT_SYSTEM) / SET_RANKER
-        return own if own.is_dir() else None
 
     @classmethod
     def check_file_options(cls, checkpoints: dict[str, Any], options: dict[str, Any], where: str,

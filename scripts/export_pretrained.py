@@ -35,7 +35,15 @@ def main(argv=None) -> None:
     ap.add_argument("--src", type=Path, help="default checkpoints/efficientrag-all (reader-all, irrr-all)")
     ap.add_argument("--dst", type=Path, help="default effrag/pretrained/<the src folder's name>")
     ap.add_argument("--figures", type=Path, help="a quickstart comparison.md of these weights, added to the card")
+    ap.add_argument("--prune", action="store_true", help="export nothing: remove from the system folder --dst every "
+                    "ranker-<name>/ no loop config reads with (the recipe's last step)")
     args = ap.parse_args(argv)
+    if args.prune:
+        if args.dst is None:
+            ap.error("--prune needs --dst (the exported system folder)")
+        from effrag.training.export import prune_rankers
+        print(json.dumps({"pruned": prune_rankers(args.dst)}))
+        return
     src = args.src or Path("checkpoints") / ("efficientrag-all" if args.kind == "efficientrag" else f"{args.kind}-all")
     dst = args.dst or Path("effrag/pretrained") / src.name
     try:

@@ -64,6 +64,26 @@ def export_system(src: Path, dst: Path, figures: Path | None = None) -> dict:
     return info
 
 
+def prune_rankers(system: Path) -> list[str]:
+    """Removes from an exported ``system`` every ``ranker-<name>/`` that no loop config reads with (``ranker/``, the
+    default of a config without a ``ranker`` field, stays), and records them in ``export.json`` under ``pruned``. The
+    recipe exports before its last tuning stage, which may leave a ranker (the teacher) that nothing reads: it is not
+    shipped (the clone budget)."""
+    read = {json.loads((system / f).read_text()).get("ranker") or "ranker"
+            for f in ["loop.json", *(f"loop-{d}.json" for d in LOOP_DATASETS)]}
+    pruned = sorted(d.name for d in system.iterdir() if d.is_dir() and d.name.startswith("ranker-") and d.name not in read)
+    for name in pruned:
+        shutil.rmtree(system / name)
+    if pruned and (system / "export.json").is_file():
+        info = json.loads((system / "export.json").read_text())
+        for key in ("source_sha256", "int8_bytes"):
+            for name in pruned:
+                info.get(key, {}).pop(name, None)
+        info["pruned"] = sorted(set(info.get("pruned", [])) | set(pruned))
+        write_text_atomic(system / "export.json", json.dumps(info, indent=2, default=str) + "\n")
+    return pruned
+
+
 def export_checkpoint(kind: str, src: Path, dst: Path) -> dict:
     """One checkpoint folder (a reader or an IRRR model) into ``dst``, its encoder as int8 rows."""
     from effrag.models import WEIGHTS_NAME, load_model

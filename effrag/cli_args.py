@@ -8,7 +8,8 @@ them alike and :meth:`effrag.setup.RunSetup.from_args` reads them::
     add_method_args(p, "efficientrag")    # the options the method declares (Pipeline.add_args)
     setup = RunSetup.from_args(p.parse_args())
 
-Scripts over the project's dataset folders take ``add_data_args`` (``--data``, ``--datasets``, ``--limit``).
+Scripts over the project's dataset folders take ``add_data_args`` (``--data``, ``--datasets``, ``--limit``); every
+script that writes a report takes ``add_source_args`` (``--allow-dirty``).
 Kept apart from :mod:`effrag.setup`, which builds a run and knows nothing of argparse, because the method
 group reads the pipeline registry: the setup layer stays below ``pipelines/``.
 """
@@ -118,3 +119,18 @@ def add_data_args(p: argparse.ArgumentParser, *, datasets: tuple[str, ...] = DAT
     if limit:
         g.add_argument("--limit", type=positive_int, default=None, metavar="N",
                        help="only the first N questions of each file")
+
+
+ALLOW_DIRTY_ENV = "EFFRAG_ALLOW_DIRTY"  # "1": --allow-dirty by default (the test suite runs the scripts so)
+
+
+def add_source_args(p: argparse.ArgumentParser) -> None:
+    """``--allow-dirty``: a report script's figures come from committed code
+    (:func:`effrag.provenance.report_source`, called before the script's work). Without it a tree with uncommitted
+    changes ends the script with one line; with it (or env ``EFFRAG_ALLOW_DIRTY=1``) the script runs, writes
+    ``git diff HEAD`` as ``uncommitted.diff`` beside its report, and the report's commit says so."""
+    g = p.add_argument_group("source")
+    g.add_argument("--allow-dirty", action="store_true", default=os.environ.get(ALLOW_DIRTY_ENV, "") == "1",
+                   help="run on a tree with uncommitted changes: the report names its commit with "
+                        "'+ uncommitted changes' and the diff is written beside it as uncommitted.diff "
+                        f"(env {ALLOW_DIRTY_ENV}=1 does the same; default: refuse)")

@@ -99,30 +99,65 @@ def package_versions(packages: Sequence[str] = PACKAGES) -> dict[str, str]:
     return out
 
 
+DIRTY = " + uncommitted changes"  # how source_commit marks a tree whose tracked code differs from the commit
+DIFF_NAME = "uncommitted.diff"  # what report_source writes beside a report measured on such a tree
+# What runs write and people document, not what computes a figure: a change there leaves the code committed. The
+# recipe writes checkpoints/ and an export, reports write reports/; the models and configs these hold are recorded
+# by their own hashes (a loop config's model_files, export.json), not by the commit.
+NOT_CODE = ("checkpoints", "reports", "effrag/pretrained", "docs", "runs", "**/*.md")
+CODE_PATHSPEC = ("--", ".", *(f":(exclude,glob){p}" if "*" in p else f":(exclude){p}" for p in NOT_CODE))
+
+
 def source_commit(repo: str | Path | None = None) -> str:
     """The commit a figure was measured on, as a report names it: the short hash, with ``+ uncommitted changes``
-    when tracked files differ from it (a figure measured on an uncommitted tree must not name the commit before
-    the change), ``unknown`` outside a git checkout."""
+    when tracked code differs from it (a figure measured on an uncommitted tree must not name the commit before
+    the change; files under :data:`NOT_CODE` do not count), ``unknown`` outside a git checkout."""
     import subprocess
 
     where = str(repo or repo_root())
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=where, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", *CODE_PATHSPEC], cwd=where,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return f"{head} + uncommitted changes" if dirty else head
+    return f"{head}{DIRTY}" if dirty else head
 
 
-def committed_source(allow_dirty: bool = False) -> str:
-    """:func:`source_commit` for a script whose figures must come from committed code: a tree with uncommitted
-    changes ends the script with a one-line message unless ``allow_dirty`` (then the commit says so)."""
-    commit = source_commit()
-    if commit.endswith("uncommitted changes") and not allow_dirty:
+def report_source(out_dir: str | Path | None = None, allow_dirty: bool = False, *, name: str = DIFF_NAME,
+                  repo: str | Path | None = None) -> str:
+    """The commit a report script's figures come from, checked before the script does its work (issue: figures
+    from committed code only). A clean tree: the short hash, and a stale ``name`` left in ``out_dir`` by an earlier
+    run on an uncommitted tree is removed. A tree with uncommitted changes ends the script with a one-line message,
+    unless ``allow_dirty`` (``--allow-dirty``, :func:`effrag.cli_args.add_source_args`): then ``git diff HEAD`` of
+    the tracked files, its absolute paths made portable, is written to ``out_dir/name``, and the commit says so:
+    ``abc1234 + uncommitted changes (uncommitted.diff)``. Outside a git checkout: ``unknown``."""
+    import subprocess
+
+    commit = source_commit(repo)
+    out = Path(out_dir) if out_dir is not None else None
+    if not commit.endswith(DIRTY):
+        if out is not None and (out / name).is_file():
+            (out / name).unlink()
+        return commit
+    if not allow_dirty:
         raise SystemExit(f"the tree has uncommitted changes ({commit}): commit first, or --allow-dirty")
-    return commit
+    if out is None:
+        return commit
+    from .state_files import write_text_atomic
+
+    diff = subprocess.run(["git", "diff", "--no-color", "--no-ext-diff", "HEAD", *CODE_PATHSPEC], cwd=str(repo or repo_root()),
+                          capture_output=True, text=True, errors="replace", check=True).stdout
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / name, portable_text(diff))
+    return f"{commit} ({name})"
+
+
+def committed_source(allow_dirty: bool = False, repo: str | Path | None = None) -> str:
+    """:func:`report_source` for a script that writes no report folder (a dump, a model): a tree with uncommitted
+    changes ends it with the same one-line message unless ``allow_dirty`` (then the commit says so, no diff)."""
+    return report_source(None, allow_dirty, repo=repo)
 
 
 def file_sha256(path: str | Path) -> str:
@@ -141,17 +176,20 @@ def command_line(argv: Sequence[str] | None = None, prog: str | None = None) -> 
 
 def provenance(*, argv: Sequence[str] | None = None, prog: str | None = None, files: Iterable[str | Path] = (),
                **extra: Any) -> dict[str, Any]:
-    """``{"command", "versions", "data_sha256", "created", **extra}`` for a report or checkpoint."""
-    return {"command": command_line(argv, prog), "versions": package_versions(),
+    """``{"command", "commit", "versions", "data_sha256", "created", **extra}`` for a report or checkpoint:
+    ``commit`` is :func:`source_commit` unless ``extra`` gives it (a script's :func:`report_source`)."""
+    commit = extra.pop("commit", None) or source_commit()
+    return {"command": command_line(argv, prog), "commit": commit, "versions": package_versions(),
             "data_sha256": {str(f): file_sha256(f) for f in dict.fromkeys(map(str, files)) if f and Path(f).is_file()},
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"), **extra}
 
 
 def write_report(out_dir: str | Path, markdown: str, data: dict[str, Any], *, args: Any = None,
                  argv: Sequence[str] | None = None, prog: str | None = None, files: Iterable[str | Path] = (),
-                 md_name: str = "report.md", json_name: str = "report.json") -> None:
+                 md_name: str = "report.md", json_name: str = "report.json", commit: str | None = None) -> None:
     """A benchmark's ``report.md`` and ``report.json``: ``data`` plus the script's options (``args``,
-    an argparse namespace) and its :func:`provenance`, so every figure says how it was made."""
+    an argparse namespace) and its :func:`provenance`, so every figure says how it was made; ``commit`` (or
+    ``data["commit"]``): what :func:`report_source` returned when the script started."""
     import json
 
     from .state_files import write_text_atomic
@@ -160,5 +198,5 @@ def write_report(out_dir: str | Path, markdown: str, data: dict[str, Any], *, ar
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / md_name, markdown)
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()} if args is not None else {}
-    write_text_atomic(out / json_name, json.dumps(
-        {"config": config, **data, **provenance(argv=argv, prog=prog, files=files)}, indent=2, default=str))
+    prov = provenance(argv=argv, prog=prog, files=files, commit=commit or data.get("commit"))
+    write_text_atomic(out / json_name, json.dumps({"config": config, **data, **prov}, indent=2, default=str))

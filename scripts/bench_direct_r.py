@@ -24,7 +24,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see e
 from effrag.evaluation import evaluate, markdown_table
 from effrag.setup import RunSetup, dataset_file, default_cache_dir
 from effrag.pipelines import build_pipeline
-from effrag.provenance import provenance
+from effrag.provenance import provenance, report_source
 
 
 def run(args) -> list[dict]:
@@ -51,9 +51,9 @@ def run(args) -> list[dict]:
     return entries
 
 
-def write_report(entries: list[dict], args, argv: list[str]) -> None:
+def write_report(entries: list[dict], args, argv: list[str], commit: str) -> None:
     args.output.mkdir(parents=True, exist_ok=True)
-    prov = provenance(argv=argv, prog="python scripts/bench_direct_r.py")
+    prov = provenance(argv=argv, prog="python scripts/bench_direct_r.py", commit=commit)
     command = prov["command"]
     (args.output / "report.json").write_text(json.dumps({**prov, "entries": entries}, indent=2))
     lines = [
@@ -71,6 +71,8 @@ def write_report(entries: list[dict], args, argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from effrag.cli_args import add_source_args
+
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
@@ -83,10 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, help="only the first N dev questions of each dataset")
     p.add_argument("--cache-dir", type=Path, default=default_cache_dir())
     p.add_argument("--output", type=Path, default=Path("reports/direct_r"))
+    add_source_args(p)
     args = p.parse_args(argv)
     if min(args.k) <= 0:
         p.error("--k values must be positive")
-    write_report(run(args), args, argv)
+    commit = report_source(args.output, args.allow_dirty)
+    write_report(run(args), args, argv, commit)
     print(f"wrote {args.output / 'report.md'} and report.json")
     return 0
 

@@ -82,7 +82,7 @@ def mean(xs) -> float:
 
 
 def main(argv=None) -> int:
-    from effrag.cli_args import add_method_args, add_run_args
+    from effrag.cli_args import add_method_args, add_run_args, add_source_args
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_args(p, sample=True, retriever_default="dense")
@@ -93,12 +93,14 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--output", required=True, type=Path)
+    add_source_args(p)
     args = p.parse_args(argv)
+    from effrag.provenance import provenance, report_source
 
+    commit = report_source(args.output, args.allow_dirty)
     import torch
 
     from effrag.evaluation.metrics import recall
-    from effrag.provenance import provenance
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -169,7 +171,7 @@ def main(argv=None) -> int:
         "environment": {"torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
                         "python": platform.python_version(), "torch": torch.__version__,
                         "load_avg": os.getloadavg()[0] if hasattr(os, "getloadavg") else None},
-        **provenance(argv=argv),
+        **provenance(argv=argv, commit=commit),
     }
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "bench.json").write_text(json.dumps(summary, indent=2))

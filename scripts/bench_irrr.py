@@ -33,7 +33,7 @@ COLUMNS = ["dataset", "method", "n", "recall", "avg_chunks", "em", "f1", "iterat
 
 
 def parse_args(argv=None):
-    from effrag.cli_args import add_data_args
+    from effrag.cli_args import add_data_args, add_source_args
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--irrr", required=True, help="IRRR checkpoint directory")
@@ -46,6 +46,7 @@ def parse_args(argv=None):
     ap.add_argument("--er-config", help="EfficientRAG loop config JSON file")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--output", required=True, type=Path)
+    add_source_args(ap)
     return ap.parse_args(argv)
 
 
@@ -70,6 +71,9 @@ def summarise(entry: dict, pred_path: Path) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from effrag.provenance import report_source, write_report
+
+    commit = report_source(args.output, args.allow_dirty)
     import torch
 
     torch.set_num_threads(args.threads)
@@ -113,7 +117,6 @@ def main(argv=None) -> int:
             print(f"{ds:9s} {name:13s} " + " ".join(f"{c}={fmt(row[c])}" for c in COLUMNS[2:])
                   + f" (wall {time.perf_counter() - t0:.0f}s)", file=sys.stderr)
     from effrag.evaluation.report import md_table
-    from effrag.provenance import write_report
 
     md = (f"Recall, EM and F1 as fractions; avg_chunks = passages returned; paragraphs_read = passages a model "
           f"read (IRRR reader and EfficientRAG Labeler); latency in s per question (batch 1, torch threads = "
@@ -121,7 +124,7 @@ def main(argv=None) -> int:
           f"alone (no LLM).\n\n") + md_table(COLUMNS, [[fmt(r[c]) for c in COLUMNS] for r in table])
     data = [Path(args.data) / ds / f"{split}.jsonl" for ds in args.datasets for split in ("dev", "train")]
     write_report(args.output, md, {"rows": table}, args=args, argv=argv, prog="python scripts/bench_irrr.py",
-                 files=data)
+                 files=data, commit=commit)
     print(md)
     return 0
 

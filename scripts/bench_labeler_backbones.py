@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from effrag.evaluation.report import md_table
-from effrag.provenance import provenance
+from effrag.cli_args import add_source_args
+from effrag.provenance import provenance, report_source
 
 
 def pairs_from(questions_file: str, n: int) -> tuple[list[str], list[list[str]]]:
@@ -47,7 +48,9 @@ def main() -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--output", required=True)
+    add_source_args(ap)
     args = ap.parse_args()
+    commit = report_source(args.output, args.allow_dirty)
 
     from effrag.models import LabelerModel
 
@@ -72,7 +75,7 @@ def main() -> int:
     meta = {"questions": args.questions, "device": args.device, "bf16": args.bf16, "batch_size": args.batch_size,
             "max_length": args.max_length, "torch_threads": torch.get_num_threads(),
             "machine": platform.processor() or platform.machine(),
-            **provenance(prog="scripts/bench_labeler_backbones.py", files=[args.questions])}
+            **provenance(prog="scripts/bench_labeler_backbones.py", files=[args.questions], commit=commit)}
     (out / "latency.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     base = rows[0]["ms_per_pair"]
     md = [md_table(["backbone", "parameters (M)", "pairs/s", "ms / pair", "ms / question (25 chunks)", "x first"],

@@ -109,7 +109,8 @@ def main(argv=None) -> int:
     from effrag.hardware import usable_cores
     from effrag.llm import default_gguf_path
     from effrag.pipelines.generation import Generator
-    from effrag.provenance import provenance
+    from effrag.cli_args import add_source_args
+    from effrag.provenance import provenance, report_source
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dataset", default="hotpotqa")
@@ -121,7 +122,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--gguf", default=None, help="GGUF file (default: the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--output", default="reports/llm")
+    add_source_args(p)
     args = p.parse_args(argv)
+    commit = report_source(args.output, args.allow_dirty)
     threads = args.threads or usable_cores()
     torch.set_num_threads(threads)
     gguf = Path(args.gguf) if args.gguf else default_gguf_path()  # "auto" re-quantizes only the default model
@@ -167,7 +170,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text("\n".join(lines))
     (out / "results.json").write_text(json.dumps(
-        {"provenance": provenance(prog="scripts/bench_llm.py", files=[data / "dev.jsonl", gguf]),
+        {"provenance": provenance(prog="scripts/bench_llm.py", files=[data / "dev.jsonl", gguf], commit=commit),
          "setup": {"dataset": args.dataset, "n": len(questions), "k": args.k, "threads": threads,
                    "max_batch": args.max_batch}, "rows": rows}, indent=2, default=str))
     print("\n".join(lines))

@@ -60,6 +60,8 @@ VARIANTS = {
 
 
 def main(argv=None) -> int:
+    from effrag.cli_args import add_source_args
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dataset", default="hotpotqa")
     p.add_argument("--data-dir", default="../shared/data")
@@ -78,7 +80,11 @@ def main(argv=None) -> int:
                    help="leave the corpus unsplit and untokenised until a question reads a chunk (the loop before "
                         "EfficientRAGLoop.prepare; effrag eval and serve prepare it when they open the system)")
     p.add_argument("--output", default="reports/efficientrag/loop-cost")
+    add_source_args(p)
     args = p.parse_args(argv)
+    from effrag.provenance import report_source
+
+    commit = report_source(args.output, args.allow_dirty)  # before any model loads: a dirty tree fails fast
     if args.device == "cpu":  # every model on the CPU, the dense leg's encoder too (it takes a GPU wherever one is)
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import logging
@@ -91,7 +97,7 @@ def main(argv=None) -> int:
     from effrag.models.model_files import read_effrag_config
     from effrag.pipelines.efficientrag.system import open_system
     from effrag.provenance import portable, portable_path
-    from effrag.provenance import provenance, source_commit
+    from effrag.provenance import provenance
 
     logging.getLogger("effrag.models").setLevel(logging.ERROR)
     logging.getLogger("effrag.hardware").setLevel(logging.ERROR)
@@ -130,7 +136,7 @@ def main(argv=None) -> int:
     table = report(out, b["recall"])
     modes = sorted({r["unit_mode"] for r in rows})
     md = [f"# EfficientRAG loop cost: {args.dataset} dev, first {len(setup.texts)} questions\n",
-          f"{time.strftime('%Y-%m-%d')}, commit {source_commit()}, `python scripts/bench_loop_cost.py "
+          f"{time.strftime('%Y-%m-%d')}, commit {commit}, `python scripts/bench_loop_cost.py "
           f"{' '.join(sys.argv[1:])}`.\n",
           f"Shipped loop config `{ck}` (read by name from `{args.checkpoints}`), {kind} retriever"
           f"{f' over {system.encoder}' if system.encoder and kind != 'bm25' else ''} (index cached, setup "
@@ -158,8 +164,8 @@ def main(argv=None) -> int:
            "reads it, inside s/q.\n")]
     (dest / "report.md").write_text("\n".join(md))
     (dest / "report.json").write_text(json.dumps(portable(
-        {"provenance": provenance(prog="scripts/bench_loop_cost.py", files=[data / "dev.jsonl"]),
-         "commit": source_commit(),
+        {"provenance": provenance(prog="scripts/bench_loop_cost.py", files=[data / "dev.jsonl"], commit=commit),
+         "commit": commit,
          "setup": {**setup.identity(), "n": len(setup.texts), "batch": args.batch, "single": args.single,
                    "unit_pairs": args.unit_pairs, "threads": torch.get_num_threads(), "device": device_name,
                    "setup_s": setup_s, "prepared": out["prepared"],

@@ -33,6 +33,8 @@ COLUMNS = ["method", "dataset", "n", "recall", "avg_chunks", "em", "f1", "llm_ca
 
 
 def parse_args(argv=None):
+    from effrag.cli_args import add_source_args
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--questions", nargs="+", required=True, help="dev files (original formats)")
     ap.add_argument("--limit", type=int, default=5, help="first N questions of each file")
@@ -55,6 +57,7 @@ def parse_args(argv=None):
     ap.add_argument("--output", required=True, type=Path)
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing: tabulate the finished OUT/<dataset>/<method> runs (e.g. of a stopped bench)")
+    add_source_args(ap)
     return ap.parse_args(argv)
 
 
@@ -152,7 +155,7 @@ def speedups(table: list[dict]) -> list[str]:
     return lines
 
 
-def write_report(args, table: list[dict], notes: list[str]) -> str:
+def write_report(args, table: list[dict], notes: list[str], commit: str) -> str:
     from effrag.evaluation.report import md_table
     from effrag.provenance import provenance
 
@@ -163,12 +166,13 @@ def write_report(args, table: list[dict], notes: list[str]) -> str:
                                                                    for k, v in vars(args).items()},
                                                         "rows": table, "notes": notes,
                                                         **provenance(prog="python scripts/bench_methods.py",
+                                                                     commit=commit,
                                                                      files=[*args.questions, *args.corpus_from])},
                                                        indent=2))
     return md
 
 
-def report_only(args) -> int:
+def report_only(args, commit: str) -> int:
     table, notes = [], []
     for ds_dir in sorted(p for p in args.output.iterdir() if p.is_dir()):
         for name in args.methods:
@@ -177,14 +181,16 @@ def report_only(args) -> int:
                 notes.append(f"{ds_dir.name} {name}: not run (no metrics.json)")
                 continue
             table.append(summarise(json.loads(m.read_text())[0], ds_dir / name / "predictions.jsonl"))
-    print(write_report(args, table, notes))
+    print(write_report(args, table, notes, commit))
     return 0
 
 
 def main(argv=None) -> int:
+    from effrag.provenance import report_source
+
     args = parse_args(argv)
     if args.report_only:
-        return report_only(args)
+        return report_only(args, report_source(args.output, args.allow_dirty))
     from effrag.evaluation import evaluate
     from effrag.setup import RunSetup
     from effrag.llm import load_llm
@@ -192,6 +198,7 @@ def main(argv=None) -> int:
     method_opts = json.loads(args.method_opts)
     files = [Path(f) for f in args.questions]
     check_loop_configs(args, files)
+    commit = report_source(args.output, args.allow_dirty)  # before the index is built and any method runs
     # one corpus for every file; a cached index: a resumed run does not re-encode
     pooled = RunSetup.build(corpus_from=[*files, *map(Path, args.corpus_from)], retriever=args.retriever)
     retriever = pooled.retriever
@@ -224,7 +231,7 @@ def main(argv=None) -> int:
             table.append(row)
             print(f"{dataset:9s} {name:12s} " + " ".join(f"{c}={fmt(row[c])}" for c in COLUMNS[2:])
                   + f" (wall {time.perf_counter() - t0:.0f}s)", file=sys.stderr)
-    print(write_report(args, table, notes))
+    print(write_report(args, table, notes, commit))
     return 0
 
 

@@ -34,7 +34,7 @@ COLUMNS = ["dataset", "method", "n", "recall", "avg_chunks", "em", "f1", "contex
 
 
 def parse_args(argv=None):
-    from effrag.cli_args import add_data_args
+    from effrag.cli_args import add_data_args, add_source_args
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reader", required=True, metavar="DIR", help="reader checkpoint (checkpoints/reader-all)")
@@ -49,6 +49,7 @@ def parse_args(argv=None):
     ap.add_argument("--reader-mode", choices=("together", "each"), default="together")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all usable cores)")
     ap.add_argument("--output", required=True, type=Path)
+    add_source_args(ap)
     return ap.parse_args(argv)
 
 
@@ -88,6 +89,9 @@ class Answered:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from effrag.provenance import report_source, write_report
+
+    commit = report_source(args.output, args.allow_dirty)
     import torch
 
     from effrag.evaluation import evaluate, read_predictions
@@ -99,7 +103,6 @@ def main(argv=None) -> int:
     from effrag.pipelines.generation import ReaderGenerator
     from effrag.pipelines.irrr import read_irrr_config
     from effrag.pretrained import pretrained_path
-    from effrag.provenance import write_report
     from effrag.tuning import model_fingerprint
 
     try:
@@ -173,7 +176,8 @@ def main(argv=None) -> int:
           "reading (the two EfficientRAG rows share one loop run, each counted with its time).\n\n" + md_table(COLUMNS, [[fmt(c, r[c]) for c in COLUMNS] for r in table])
           + f"\n\nCommand: `{command}`\n")
     data = [Path(args.data) / ds / f"{split}.jsonl" for ds in args.datasets for split in ("dev", "train")]
-    write_report(args.output, md, {"rows": table}, args=args, argv=argv, prog="python scripts/bench_qa.py", files=data)
+    write_report(args.output, md, {"rows": table}, args=args, argv=argv, prog="python scripts/bench_qa.py", files=data,
+                 commit=commit)
     print(md)
     return 0
 

@@ -173,7 +173,8 @@ def run_child(args, file: Path, truth: Path, backend: str, work: Path, queries: 
     return row
 
 
-def append(out: Path, row: dict) -> None:
+def append(out: Path, row: dict, commit: str) -> None:
+    row = {**row, "commit": commit}  # the commit each row was measured at (rows accumulate over runs)
     print(json.dumps(row), flush=True)
     with open(out / "results.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
@@ -187,7 +188,7 @@ def part_pooled(args, out: Path, work: Path) -> None:
     np.save(truth, exact_topk(base, q))
     for backend in args.types + ["milvus"]:
         append(out, {"part": "pooled", **run_child(args, work / "base.npy", truth, backend, work,
-                                                         work / "queries.npy")})
+                                                         work / "queries.npy")}, args.commit)
 
 
 def part_synthetic(args, out: Path, work: Path) -> None:
@@ -208,7 +209,8 @@ def part_synthetic(args, out: Path, work: Path) -> None:
             if backend in ("flat", "ivf") and n * base.shape[1] * 4 > args.max_ram_gb * 2**30:
                 continue
             append(out, {"part": "synthetic", "noise": args.noise, **run_child(args, f, truth, backend, work,
-                                                                                   work / "queries-synth.npy")})
+                                                                                   work / "queries-synth.npy")},
+                   args.commit)
 
 
 def build_backend_dirs(args, work: Path, backends: list[str]) -> dict[str, Path]:
@@ -268,7 +270,7 @@ def part_e2e(args, out: Path, work: Path) -> None:
                 else:
                     m = json.loads((run / "metrics.json").read_text())[-1]
                     row.update(recall=m["recall"], avg_chunks=m.get("avg_chunks"), latency_s=m.get("latency_s"))
-                append(out, row)
+                append(out, row, args.commit)
 
 
 TARGET = 21_000_000
@@ -321,6 +323,9 @@ def write_table(out: Path) -> None:
 
 
 def main() -> None:
+    from effrag.cli_args import add_source_args
+    from effrag.provenance import report_source
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", choices=["pooled", "synthetic", "e2e", "report"], default="pooled")
     p.add_argument("--checkpoints", default="checkpoints/efficientrag-all", help="labeler/, filter/, loop-<ds>.json")
@@ -346,12 +351,14 @@ def main() -> None:
     p.add_argument("--one-file", help=argparse.SUPPRESS)
     p.add_argument("--truth", help=argparse.SUPPRESS)
     p.add_argument("--queries", help=argparse.SUPPRESS)
+    add_source_args(p)
     args = p.parse_args()
     out = Path(args.output)
     work = Path(args.work or Path(tempfile.gettempdir()) / "effrag-scale")
-    if args.one_type:
+    if args.one_type:  # a child of the run below, which checked the tree
         print(json.dumps(measure_one(args)))
         return
+    args.commit = report_source(out, args.allow_dirty)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     if args.part == "pooled":

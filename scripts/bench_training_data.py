@@ -178,6 +178,9 @@ def run_worker(args, data: Path, mode: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from effrag.cli_args import add_source_args
+    from effrag.provenance import report_source
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
     ap.add_argument("--output", type=Path, default=ROOT / "reports" / "datasets")
@@ -192,10 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", default="data", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--encoder", help=argparse.SUPPRESS)
+    add_source_args(ap)
     args = ap.parse_args(argv)
-    if args.worker:
+    if args.worker:  # a child of the run below, which checked the tree
         print(json.dumps(worker(args)))
         return 0
+    args.commit = report_source(args.output, args.allow_dirty)
     sys.path.insert(0, str(ROOT))
     if args.report_only:
         saved = json.loads((args.output / "report.json").read_text())
@@ -252,14 +257,14 @@ def write_report(args, data: dict | None, rows: list[dict], seconds: float, argv
 
     args.output.mkdir(parents=True, exist_ok=True)
     if saved is not None:  # --report-only: the measuring run's provenance and setup
-        prov = {k: saved[k] for k in ("command", "versions", "data_sha256", "created")}
+        prov = {k: saved[k] for k in ("command", "commit", "versions", "data_sha256", "created") if k in saved}
         setup = saved["setup"]
         data = {"small_records": setup["small_records"]}
         args.big, args.examples, args.steps, args.batch_size = (setup["big_records"], setup["examples_iterated"],
                                                                 setup["train_steps"], setup["batch_size"])
     else:
         prov = provenance(argv=argv if argv is not None else sys.argv[1:], prog="python scripts/bench_training_data.py",
-                          files=data["inputs"])
+                          files=data["inputs"], commit=args.commit)
         setup = {"small_records": data["small_records"], "big_records": args.big, "examples_iterated": args.examples,
                  "train_steps": args.steps, "batch_size": args.batch_size, "threads": args.threads,
                  "cpu_count": os.cpu_count(), "total_seconds": round(seconds, 1)}

@@ -124,6 +124,8 @@ def measure(size: int, folder: Path, data: Path, questions: int) -> dict:
 
 
 def main(argv=None) -> None:
+    from effrag.cli_args import add_source_args
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 200_000, 1_000_000])
     ap.add_argument("--data", type=Path, default=Path("../shared/data"))
@@ -131,14 +133,14 @@ def main(argv=None) -> None:
     ap.add_argument("--questions", type=int, default=64)
     ap.add_argument("--out", type=Path, default=Path("reports/scale/vector-store"))
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the child: measure this size
-    ap.add_argument("--allow-dirty", action="store_true")
+    add_source_args(ap)
     args = ap.parse_args(argv)
-    if args.one:
+    if args.one:  # a child of the run below, which checked the tree
         print(json.dumps(measure(args.one, args.work / str(args.one), args.data, args.questions)))
         return
-    from effrag.provenance import committed_source, write_report
+    from effrag.provenance import report_source, write_report
 
-    commit = committed_source(args.allow_dirty)
+    commit = report_source(args.out, args.allow_dirty)
     rows = []
     for size in args.sizes:
         made = build(size, args.work / str(size), args.data)

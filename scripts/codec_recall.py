@@ -55,18 +55,20 @@ def compare(evidence: list[dict], run: dict, skip: set[str]) -> dict:
 
 
 def main(argv=None) -> None:
+    from effrag.cli_args import add_source_args
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--evidence", type=Path, default=Path("reports/efficientrag/e5-small-late/evidence"))
     ap.add_argument("--runs", nargs="+", required=True, metavar="NAME=DATASET:FOLDER",
                     help="a label, the dataset and a tune folder, e.g. loop-hotpotqa=hotpotqa:runs/tune/codec-hp")
     ap.add_argument("--control", metavar="NAME=DATASET:FOLDER", help="a run made with EFFRAG_LATE_CODEC=0")
     ap.add_argument("--out", type=Path, default=Path("reports/scale/codec-recall"))
-    ap.add_argument("--allow-dirty", action="store_true")
+    add_source_args(ap)
     args = ap.parse_args(argv)
     from effrag.data import sample_question_ids
-    from effrag.provenance import committed_source, write_report
+    from effrag.provenance import report_source, write_report
 
-    commit = committed_source(args.allow_dirty)
+    commit = report_source(args.out, args.allow_dirty)
     table, data = [], {}
     for spec in args.runs + ([args.control] if args.control else []):
         name, rest = spec.split("=", 1)

@@ -47,6 +47,8 @@ def parse_row(spec: str) -> tuple[str, str, dict]:
 
 
 def main(argv=None) -> int:
+    from effrag.cli_args import add_source_args
+    from effrag.provenance import report_source
     from effrag.tuning.crossfit import crossfit
     from effrag.tuning.loop_configs import read_rows
 
@@ -57,7 +59,9 @@ def main(argv=None) -> int:
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--keep-sample", action="store_true", help="let the bundled sample's dev questions count too")
     p.add_argument("--output", required=True, type=Path, help="markdown table (a .json beside it holds every figure)")
+    add_source_args(p)
     args = p.parse_args(argv)
+    commit = report_source(args.output.parent, args.allow_dirty, name=f"{args.output.stem}.uncommitted.diff")
     from dataclasses import asdict
 
     from effrag.pipelines.efficientrag.config import EfficientRAGConfig
@@ -86,7 +90,7 @@ def main(argv=None) -> int:
     table = md_table(head, body, "l" + "r" * (len(head) - 2) + "l")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     note = (f"Recall %, cross-fitted ({args.folds} folds) within each row's grid; questions: every dev question"
-            f"{'' if args.keep_sample else ' except the bundled sample' + chr(39) + 's'}.\n\n")
+            f"{'' if args.keep_sample else ' except the bundled sample' + chr(39) + 's'}. Commit {commit}.\n\n")
     args.output.write_text(note + table + "\n")
     args.output.with_suffix(".json").write_text(json.dumps(figures, indent=1, default=str))
     print(note + table)

@@ -64,10 +64,16 @@ def classify(preds: list) -> tuple[Counter, Counter, list[str]]:
 
 
 def main(argv=None) -> int:
+    from effrag.cli_args import add_source_args
+    from effrag.provenance import report_source
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="effrag eval output folders (or predictions.jsonl files)")
     p.add_argument("--output", type=Path, help="write the markdown here (default: print only)")
+    add_source_args(p)
     args = p.parse_args(argv)
+    commit = (report_source(args.output.parent, args.allow_dirty, name=f"{args.output.stem}.uncommitted.diff")
+              if args.output else None)  # printed only: nothing to check
     table, notes = [], []
     for run in args.runs:
         rows = read_rows(run)
@@ -80,6 +86,7 @@ def main(argv=None) -> int:
         notes += [f"\n### {run}: gold never retrieved (first examples)\n", *examples]
     header = ["run", "gold passages", "in pool", "labeled, cut (by hop)", "never retrieved", "first seen per hop"]
     text = md_table(header, table, "lrrlrl") + "".join(f"{n}\n" for n in notes)
+    text += f"\nCommit {commit}.\n" if commit else ""
     print(text)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -235,6 +235,9 @@ def ranker_factor_for(setup: dict, system: Path | None, name: str, parser) -> fl
 
 
 def main(argv=None) -> int:
+    from effrag.cli_args import add_source_args
+    from effrag.provenance import report_source
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # --tune, --evidence or both (a report's evidence with another ranker's tuning rows added)
     p.add_argument("--tune", nargs="+", metavar="DATASET=DIR[@RANKER]",
@@ -274,6 +277,7 @@ def main(argv=None) -> int:
     p.add_argument("--over", metavar="TEXT", help="what the rows were tuned over, written into each loop config's "
                    "chosen_on (e.g. which report chose the structures)")
     p.add_argument("--keep-sample", action="store_true", help="let the bundled sample's dev questions choose too")
+    add_source_args(p)
     args = p.parse_args(argv)
     if not args.tune and not args.evidence:
         p.error("give --tune, --evidence or both")
@@ -281,6 +285,7 @@ def main(argv=None) -> int:
         targets = {int(b): int(d) for b, _, d in (t.partition("=") for t in args.targets)}
     except ValueError:
         p.error(f"--targets {' '.join(args.targets)}: expected CHUNKS=DEPTH pairs, e.g. 7=20 10=30")
+    commit = report_source(args.output, args.allow_dirty)
     from effrag.tuning.evidence import read_evidence, write_evidence
     from effrag.tuning.loop_configs import read_rows, setup_ranker_factor, write_loop_configs
 
@@ -348,6 +353,7 @@ def main(argv=None) -> int:
     report = write_loop_configs(tunes, system, budgets=args.budgets, k=args.folds, seed=args.seed, exclude=skip,
                                 floors=floors, margin=margin, ranker_factors=factors, prefer=args.prefer,
                                 fall_back=args.fall_back, bars=bars, targets=targets, over=args.over)
+    report["commit"] = commit
     report["direct_r"] = {ds: {kd: {str(k): v for k, v in c.items()} for kd, c in d.items()} for ds, d in direct.items()}
     t2 = table2(report, direct, args.budgets, targets)
     cv, plot = curve(report, direct)

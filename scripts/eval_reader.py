@@ -26,7 +26,7 @@ MODES = ("together", "each")
 
 
 def parse_args(argv=None):
-    from effrag.cli_args import add_data_args
+    from effrag.cli_args import add_data_args, add_source_args
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reader", required=True, metavar="DIR", help="reader checkpoint (checkpoints/reader-all)")
@@ -34,6 +34,7 @@ def parse_args(argv=None):
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all usable cores)")
     ap.add_argument("--output", required=True, type=Path)
+    add_source_args(ap)
     return ap.parse_args(argv)
 
 
@@ -57,6 +58,9 @@ def score_rows(rows: list[dict]) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from effrag.provenance import report_source, write_report
+
+    commit = report_source(args.output, args.allow_dirty)
     import torch
 
     from effrag.data import load_questions
@@ -65,7 +69,6 @@ def main(argv=None) -> int:
     from effrag.hardware import usable_cores
     from effrag.models import load_reader
     from effrag.text import reader_passage
-    from effrag.provenance import write_report
 
     torch.set_num_threads(args.threads or usable_cores())
     reader = load_reader(args.reader).eval()
@@ -118,7 +121,7 @@ def main(argv=None) -> int:
           "answers; `each`: every passage read alone, the most confident answers. EM/F1 in %.\n\n"
           + md_table(cols, table) + f"\n\nCommand: `{command}`\n")
     write_report(args.output, md, {"results": results, "decoding": reader.decoding()}, args=args, argv=argv, prog="python scripts/eval_reader.py",
-                 files=files, json_name="results.json")
+                 files=files, json_name="results.json", commit=commit)
     print(md)
     return 0
 

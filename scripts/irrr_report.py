@@ -36,6 +36,8 @@ FORMAT = 1
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from effrag.cli_args import add_source_args
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--irrr", help="IRRR model folder or shipped name: run the grid")
@@ -60,6 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="EfficientRAG's cross-fitted report (its Direct-R curves and held-out curves)")
     ap.add_argument("--system", type=Path, help="write the joint choice to DIR/irrr.json")
     ap.add_argument("--output", type=Path, required=True)
+    add_source_args(ap)
     return ap.parse_args(argv)
 
 
@@ -146,8 +149,10 @@ def table(report: dict, er: dict | None, setups: dict[str, dict]) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from effrag.provenance import report_source
     from effrag.tuning.crossfit import CAPS, choose, crossfit
 
+    commit = report_source(args.output, args.allow_dirty)
     if args.evidence:
         rows, setups = read_evidence(args.evidence, args.datasets)
     else:
@@ -172,7 +177,7 @@ def main(argv=None) -> int:
     who = "every dev question except the bundled sample's (the quickstart's)" if skip else "every dev question"
     report = {"budgets": args.budgets, "folds": args.folds, "seed": args.seed, "excluded": len(skip), "questions": who,
               "rule": "best mean recall at the budgets over the datasets", "per_dataset": per_dataset, "joint": joint,
-              "chosen": pick, "setups": setups}
+              "chosen": pick, "setups": setups, "commit": commit}
     er = None
     if args.er_report.is_file():
         er = json.loads(args.er_report.read_text())

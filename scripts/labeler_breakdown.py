@@ -45,18 +45,22 @@ def read_records(path: Path) -> list[dict]:
 
 
 def main(argv=None) -> int:
+    from effrag.cli_args import add_source_args
+    from effrag.provenance import provenance, report_source
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--labeler", help="Labeler checkpoint directory; without it, only the records per kind are "
                                       "counted (e.g. a train file's composition)")
     ap.add_argument("--records", nargs="+", required=True, type=Path, help="synthesized labeler.jsonl files")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--output", required=True, type=Path)
+    add_source_args(ap)
     args = ap.parse_args(argv)
     data = {str(f): read_records(f) for f in args.records}  # bad input fails before the model loads
+    commit = report_source(args.output, args.allow_dirty)  # and so does a dirty tree
     from effrag.evaluation.labeler_breakdown import breakdown
     from effrag.evaluation.report import md_table
     from effrag.models import load_model
-    from effrag.provenance import provenance
 
     model = load_model(args.labeler) if args.labeler else None
     table = []
@@ -74,7 +78,8 @@ def main(argv=None) -> int:
     (args.output / "breakdown.md").write_text(md)
     (args.output / "breakdown.json").write_text(json.dumps(
         {"rows": table, "labeler": args.labeler,
-         **provenance(prog="python scripts/labeler_breakdown.py", files=[str(f) for f in args.records])}, indent=2))
+         **provenance(prog="python scripts/labeler_breakdown.py", files=[str(f) for f in args.records], commit=commit)},
+        indent=2))
     print(md)
     return 0
 

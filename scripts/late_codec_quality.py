@@ -15,7 +15,8 @@
 Each group ranks its gold chunk among 8 candidates by MaxSim, once with the chunks' vectors as computed (bf16) and
 once decoded from the codec's codes, as the shipped system reads them. Bytes per chunk are what a store shard holds
 per chunk: payload, digest, offset and check. The report names its commit. It refuses a tree with uncommitted
-changes unless ``--allow-dirty`` is given, and then the commit is recorded with ``+ uncommitted changes``.
+changes unless ``--allow-dirty`` is given, and then the commit is recorded with ``+ uncommitted changes`` and the
+diff is written beside the report (``uncommitted.diff``: :func:`effrag.provenance.report_source`).
 """
 from __future__ import annotations
 
@@ -95,6 +96,9 @@ def by_dataset(records: list[dict], rr: list[float]) -> dict[str, float]:
 
 
 def main(argv=None) -> None:
+    from effrag.cli_args import add_source_args
+    from effrag.provenance import report_source, write_report
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="effrag/pretrained/efficientrag-all/ranker-late")
     ap.add_argument("--data", default=Path("../shared/data"), type=Path)
@@ -102,17 +106,16 @@ def main(argv=None) -> None:
     ap.add_argument("--train-groups", default="runs/ranker/train_bm25_{}", help="train group folders")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--out", default="reports/scale/codec", type=Path)
-    ap.add_argument("--allow-dirty", action="store_true")
+    add_source_args(ap)
     args = ap.parse_args(argv)
+    commit = report_source(args.out, args.allow_dirty)
 
     import torch
 
     from effrag.codec_cli import sample_tokens
     from effrag.models import load_model
     from effrag.models.late_codec import ProductQuantizer
-    from effrag.provenance import committed_source, write_report
 
-    commit = committed_source(args.allow_dirty)
     torch.manual_seed(0)
     t0 = time.perf_counter()
     model = load_model(args.model).eval()

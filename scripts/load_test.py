@@ -32,7 +32,8 @@ from urllib.parse import urlparse
 import httpx
 
 from effrag.evaluation.report import md_table
-from effrag.provenance import portable, provenance
+from effrag.cli_args import add_source_args
+from effrag.provenance import portable, provenance, report_source
 
 
 def loopback_only(url: str) -> str:
@@ -190,9 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, seconds")
     p.add_argument("--out", default="runs/load_test", help="folder for load_test.json / load_test.md")
+    add_source_args(p)
     args = p.parse_args(argv)
     if not (1 <= args.clients <= 256 and 0 < args.duration <= 600 and args.batch >= 1 and args.max_requests >= 1):
         raise SystemExit("load_test: need 1 <= clients <= 256, 0 < duration <= 600, batch >= 1, max-requests >= 1")
+    commit = report_source(args.out, args.allow_dirty)
     if args.questions is None:
         from effrag.data import sample_path
 
@@ -212,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         code = stop_server(proc) if proc is not None else None
     report.update(url=url, questions_file=args.questions, server_exit_code=code,
                   server_rss_mb={"before": rss_before, "after": rss_after},
-                  **provenance(argv=argv, prog="python scripts/load_test.py", files=[args.questions]),
+                  **provenance(argv=argv, prog="python scripts/load_test.py", files=[args.questions], commit=commit),
                   started=time.strftime("%Y-%m-%dT%H:%M:%S"), config=args.config if args.spawn else None)
     (out / "load_test.json").write_text(json.dumps(portable(report), indent=2))
     (out / "load_test.md").write_text(markdown(report))

@@ -81,6 +81,9 @@ def rows_of(bench: Path, curve: list[dict], bars: dict, model: str) -> list[list
 
 
 def main(argv=None) -> int:
+    from effrag.cli_args import add_source_args
+    from effrag.provenance import report_source
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bench", nargs="+", type=Path, required=True, help="bench_loop_cost.py output folders")
     p.add_argument("--crossfit", type=Path, nargs="+", default=[Path("reports/efficientrag/crossfit/crossfit.json")],
@@ -88,7 +91,9 @@ def main(argv=None) -> int:
                         "report holds the rows the shipping report does not)")
     p.add_argument("--model", default="efficientrag-all")
     p.add_argument("--output", type=Path, required=True)
+    add_source_args(p)
     args = p.parse_args(argv)
+    commit = report_source(args.output.parent, args.allow_dirty, name=f"{args.output.stem}.uncommitted.diff")
     fits = [json.loads(f.read_text(encoding="utf-8")) for f in args.crossfit]
     cf = fits[0]  # the bars (Direct-R on the same questions) are the first report's
     rows = []
@@ -108,7 +113,7 @@ def main(argv=None) -> int:
             "their own pick); seconds, reads and *pfe* (the loop's seconds per question over one plain MiniLM-L6 pair "
             "forward in the same run; target <= 12) from each bench folder, named in the last column with its "
             "commit. `-`: a cost point the tuning did not try. Command: `python scripts/loop_cost_pareto.py "
-            + " ".join(sys.argv[1:] if argv is None else argv) + "`.\n\n"
+            + " ".join(sys.argv[1:] if argv is None else argv) + f"`, at commit {commit}.\n\n"
             + md_table(head, rows, "lllllrrrrrrrlll"))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text)

@@ -98,7 +98,7 @@ def ranked(result, scores) -> list[str]:
 
 
 def main(argv=None) -> int:
-    from effrag.cli_args import add_method_args, add_run_args
+    from effrag.cli_args import add_method_args, add_run_args, add_source_args
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_args(p, sample=True, retriever_default="dense")
@@ -106,16 +106,19 @@ def main(argv=None) -> int:
     p.add_argument("--folds", type=int, default=5, help="cross-validation folds over the questions (default 5)")
     p.add_argument("--batch-size", type=int, default=64, help="questions per loop call")
     p.add_argument("--output", required=True, type=Path)
+    add_source_args(p)
     args = p.parse_args(argv)
     if args.folds < 2:
         p.error("--folds must be >= 2")
+    from effrag.provenance import report_source, write_report
+
+    commit = report_source(args.output, args.allow_dirty)
     import logging
 
     from effrag.evaluation.report import md_table
     from effrag.cli_args import method_options
     from effrag.setup import RunSetup
     from effrag.pipelines import build_pipeline
-    from effrag.provenance import write_report
     from effrag.tuning import CachedModel, CachedRetriever, direct_r_curve
 
     logging.getLogger("effrag.models").setLevel(logging.ERROR)
@@ -161,7 +164,7 @@ def main(argv=None) -> int:
           + ", ".join(f"{n} {w:+.3f}" for n, w in zip(FEATURES, weights)) + "\n")
     write_report(args.output, md, {"curves": rows, "features": list(FEATURES), "weights": weights,
                                    "avg_seen": avg_seen, "n": len(texts), "setup": run.identity(),
-                                   "loop_config": config.to_json()}, args=args, argv=argv)
+                                   "loop_config": config.to_json()}, args=args, argv=argv, commit=commit)
     print(md)
     return 0
 

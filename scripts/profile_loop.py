@@ -35,8 +35,9 @@ KINDS = {  # kind of work -> substrings of the profiled function's name
 
 def main(argv=None) -> int:
     from effrag.pipelines.efficientrag import EfficientRAGLoop, build_config, load_models
+    from effrag.cli_args import add_source_args
     from effrag.pipelines.efficientrag.system import open_system
-    from effrag.provenance import provenance
+    from effrag.provenance import provenance, report_source
     from effrag.setup import RunSetup
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -46,7 +47,9 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=32)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--output", type=Path, required=True)
+    add_source_args(p)
     args = p.parse_args(argv)
+    commit = report_source(args.output, args.allow_dirty)
     logging.disable(logging.WARNING)
     data = args.data_dir / args.dataset
     system = open_system(args.model, dataset=args.dataset)
@@ -75,7 +78,8 @@ def main(argv=None) -> int:
     lines = [f"# Where the loop's time goes: {args.model}, {system.config.name if system.config else 'defaults'}, "
              f"{args.dataset}", "",
              f"{n} dev questions in batches of {args.batch} after one warm-up batch; {wall / n * 1000:.0f} ms per "
-             f"question under the profiler. Command: `{provenance(argv=argv, prog='python scripts/profile_loop.py')['command']}`",
+             f"question under the profiler. Command: `{provenance(argv=argv, prog='python scripts/profile_loop.py')['command']}`"
+             f", at commit {commit}.",
              "", "| kind of work | share of the profiled time |", "|---|---:|",
              *(f"| {kind} | {100 * share:.1f}% |" for kind, share in shares.items()), "",
              "The 25 functions of most own time:", "", "```",

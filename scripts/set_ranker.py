@@ -28,7 +28,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 TOP = 30
 
-from effrag.provenance import committed_source  # noqa: E402 (no torch: the help prints without it)
+from effrag.cli_args import add_source_args  # noqa: E402 (no torch: the help prints without it)
+from effrag.provenance import committed_source, report_source  # noqa: E402
 
 
 def dump(argv) -> int:
@@ -41,7 +42,7 @@ def dump(argv) -> int:
     p.add_argument("--top", type=int, default=TOP)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--allow-dirty", action="store_true")
+    add_source_args(p)
     args = p.parse_args(argv)
     commit = committed_source(args.allow_dirty)
     import logging
@@ -181,7 +182,7 @@ def train(argv) -> int:
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--seeds", type=int, default=1, help="models averaged (an ensemble of seeds 0..N-1)")
-    p.add_argument("--allow-dirty", action="store_true")
+    add_source_args(p)
     p.add_argument("--cv", type=int, default=0, help="k-fold cross-validation over the train questions instead: "
                    "held-out recall at 5 / 7 / 10 of the pool and of the model over the pool's first 10")
     args = p.parse_args(argv)
@@ -228,7 +229,7 @@ def score(argv) -> int:
     p.add_argument("--dumps", nargs="+", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--tops", default="10,20,30", help="the model reorders the pool's first M, for each M")
-    p.add_argument("--allow-dirty", action="store_true")
+    add_source_args(p)
     args = p.parse_args(argv)
     from effrag.models import set_ranker as sr
     from effrag.provenance import file_sha256, portable
@@ -268,7 +269,9 @@ def report(argv) -> int:
     p.add_argument("--joint", nargs="*", default=[], help="dumps chosen together (loop.json's: one order for all)")
     p.add_argument("--only", nargs="*", default=None, help="orders offered to the rule (default: all); pool always")
     p.add_argument("--out", type=Path, required=True, help="writes OUT.json (decisions) and OUT.md")
+    add_source_args(p)
     args = p.parse_args(argv)
+    commit = report_source(args.out.parent, args.allow_dirty, name=f"{args.out.name}.uncommitted.diff")
     from effrag.data import sample_question_ids
     from effrag.tuning.set_ranker import RULE_BUDGETS, SHOW_BUDGETS, evaluate_unit, group_rows
 
@@ -280,7 +283,7 @@ def report(argv) -> int:
     units = [[g] for g in sorted(groups) if g not in args.joint]
     if args.joint:
         units.append([g for g in args.joint if g in groups])
-    decisions, lines = [], []
+    decisions, lines = [], [f"Report built at commit `{commit}`.", ""]
     for path in args.scores:
         meta = Path(str(path).removesuffix(".gz").removesuffix(".jsonl") + ".meta.json")
         if meta.is_file():

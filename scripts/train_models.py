@@ -158,7 +158,9 @@ def install(recipe, role: str, out_dir: Path, cmd: list[str], wall: float | None
         commands.append(command_line(["python", *after_install_command(role, where, DATA_ROOT)], nice=False))
     card.write_text(portable_text(old_card or model_card(recipe.name, role, out_dir, commands, wall, again, which)))
     if role in AFTER_INSTALL:
-        step = [sys.executable, *after_install_command(role, str(dest.relative_to(REPO)), str(recipe.data))]
+        # training does not refuse an uncommitted tree, so neither does its step: its report gets the diff beside it
+        step = [sys.executable, *after_install_command(role, str(dest.relative_to(REPO)), str(recipe.data)),
+                "--allow-dirty"]
         print("+", shlex.join(step), flush=True)
         subprocess.run(step, cwd=REPO, check=True)
     return dest

@@ -57,6 +57,9 @@ def render(rows: list[dict], models: list[str], datasets: list[str]) -> str:
 
 
 def main(argv=None) -> int:
+    from effrag.cli_args import add_source_args
+    from effrag.provenance import report_source
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, type=Path, help="folder with <dataset>/{train,dev}.jsonl")
     p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
@@ -69,7 +72,9 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=0, help="first N dev questions per dataset (0 = all)")
     p.add_argument("--batch-size", type=int, default=32, help="questions per loop call")
     p.add_argument("--output", required=True, type=Path)
+    add_source_args(p)
     args = p.parse_args(argv)
+    commit = report_source(args.output, args.allow_dirty)
 
     import logging
 
@@ -117,7 +122,8 @@ def main(argv=None) -> int:
                        "filter": str(models[m][1]),
                        "recall": sum(recall([c.id for c in r.chunks], g) for r, g in zip(results, run.gold)) / n,
                        "avg_chunks": sum(len(r.chunks) for r in results) / n,
-                       "iterations": sum(r.iterations for r in results) / n, "seconds": time.perf_counter() - t0}
+                       "iterations": sum(r.iterations for r in results) / n, "seconds": time.perf_counter() - t0,
+                       "commit": commit}
                 done.append(row)
                 rows.append(row)
     table = render(rows, list(models), args.datasets)
@@ -131,7 +137,7 @@ def main(argv=None) -> int:
         f"{f'the first {args.limit} (or all, if fewer)' if args.limit else 'all'} dev questions per dataset "
         f"({', '.join(f'{d} {n}' for d, n in counts.items())}); "
         "loop config per evaluated dataset: " + (", ".join(f"{d}: `{c}`" for d, c in configs.items()) or "defaults") + ".",
-        "", f"Command: `{cmd}`", ""])
+        "", f"Command: `{cmd}`, at commit {commit}.", ""])
     (args.output / "report.md").write_text(text)
     print(text)
     return 0

@@ -33,7 +33,7 @@ DEFAULT_GRID = ["tag_threshold=0.3,0.5,0.7", "token_threshold=0.3,0.5", "query_m
 
 
 def main(argv=None) -> int:
-    from effrag.cli_args import add_method_args, add_run_args
+    from effrag.cli_args import add_method_args, add_run_args, add_source_args
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_args(p, sample=True, retriever_default="dense")
@@ -50,12 +50,14 @@ def main(argv=None) -> int:
     p.add_argument("--curve-max", type=int, default=10, help="recall of each pool truncated at 1..N chunks "
                    "(= max_candidates N); with --chunk-budget, truncations compete for best too")
     p.add_argument("--output", required=True, type=Path)
+    add_source_args(p)
     args = p.parse_args(argv)
     import logging
 
     from effrag.cli_args import method_options
     from effrag.setup import RunSetup
     from effrag.pipelines import build_pipeline
+    from effrag.provenance import report_source
     from effrag.tuning import parse_grid, read_grid_file, run_grid, tuning_setup
 
     try:
@@ -63,6 +65,8 @@ def main(argv=None) -> int:
         grid = parse_grid(args.grid)
     except ValueError as e:
         p.error(str(e))
+    # the rows are the evidence reports commit (efficientrag_report.py): from committed code, or with the diff beside
+    commit = report_source(args.output, args.allow_dirty)
     logging.getLogger("effrag.models").setLevel(logging.ERROR)  # truncation warnings on every hop are noise here
     if args.labeler is None and args.filter is None:  # a system folder (--model, or the shipped one): its checkpoints
         from effrag.pipelines.efficientrag.system import DEFAULT_SYSTEM, open_system
@@ -75,7 +79,7 @@ def main(argv=None) -> int:
     setup = tuning_setup(run, args.labeler, args.filter, args.ranker, loop.config, seed=args.seed)
     result = run_grid(loop, run.texts, run.gold, grid, args.output, setup, grid_spec=args.grid,
                       chunk_budget=args.chunk_budget, batch_size=args.batch_size, curve_max=args.curve_max,
-                      ids=[q.id for q in run.questions])
+                      ids=[q.id for q in run.questions], commit=commit)
     print(result["table"])
     return 0
 

@@ -19,7 +19,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from effrag.cli_args import add_data_args
+    from effrag.cli_args import add_data_args, add_source_args
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--irrr", required=True)
@@ -38,11 +38,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--objective", choices=["f1", "recall"], default="f1")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--output", required=True, type=Path)
+    add_source_args(ap)
     return ap.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from effrag.provenance import report_source
+
+    commit = report_source(args.output, args.allow_dirty)  # best.json feeds reports: from committed code
     import torch
 
     from effrag.models import IRRRModel
@@ -53,7 +57,7 @@ def main(argv=None) -> int:
                     limit=args.limit, query_thresholds=args.query_thresholds, answer_thresholds=args.answer_thresholds,
                     max_path=args.max_path, k=args.k, first_ks=args.first_k, return_k=args.return_k,
                     fill_orders=args.fill_order, objective=args.objective,
-                    settings={k: str(v) for k, v in vars(args).items()})
+                    settings={**{k: str(v) for k, v in vars(args).items()}, "commit": commit})
     for e in out["ranked"][:8]:
         print(f"q={e['query_threshold']} fk={e['first_k']} a={e['answer_threshold']} fill={e['fill_order']}: "
               f"mean F1 {e['f1']:.3f}, recall {e['recall']:.3f}, read {e['read']:.1f}; "

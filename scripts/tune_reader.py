@@ -29,7 +29,7 @@ def ints(text: str) -> list[int]:
 
 
 def parse_args(argv=None):
-    from effrag.cli_args import add_data_args
+    from effrag.cli_args import add_data_args, add_source_args
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reader", required=True, metavar="DIR", help="reader checkpoint (checkpoints/reader-all)")
@@ -41,16 +41,19 @@ def parse_args(argv=None):
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all usable cores)")
     ap.add_argument("--write", action="store_true", help="store the best settings in the checkpoint")
     ap.add_argument("--output", required=True, type=Path)
+    add_source_args(ap)
     return ap.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from effrag.provenance import report_source, write_report
+
+    commit = report_source(args.output, args.allow_dirty)
     import torch
 
     from effrag.hardware import usable_cores
     from effrag.models.reader import load_reader_checkpoint
-    from effrag.provenance import write_report
     from effrag.tuning.reader import dev_logits, store_decoding, tune_decoding, tuning_report
 
     torch.set_num_threads(args.threads or usable_cores())
@@ -67,11 +70,11 @@ def main(argv=None) -> int:
     files = [Path(args.data) / ds / "dev.jsonl" for ds in args.datasets]
     best = tuned["best"]
     write_report(args.output, md, {"best": best, "checkpoint_before": tuned["start"], "grid": tuned["rows"]},
-                 args=args, argv=argv, prog="python scripts/tune_reader.py", files=files)
+                 args=args, argv=argv, prog="python scripts/tune_reader.py", files=files, commit=commit)
     if args.write:
         store_decoding(Path(args.reader), best["settings"],
                        {"command": command, "objective": "dev oracle F1, all questions pooled", "f1": round(best["f1"], 2),
-                        "before": tuned["start"]["settings"], "report": str(args.output)})
+                        "before": tuned["start"]["settings"], "report": str(args.output), "commit": commit})
     print(md)
     return 0
 

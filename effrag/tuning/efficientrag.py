@@ -260,7 +260,8 @@ def tuning_setup(run, labeler: str | Path, filter: str | Path, ranker: str | Pat
 def run_grid(loop, texts: Sequence[str], gold: Sequence[Sequence[str]], grid: Sequence[dict[str, Any]],
              output: str | Path, setup: dict[str, Any], *, grid_spec: Sequence[str] = (), chunk_budget: float | None = None,
              batch_size: int = 64, curve_max: int = 10, direct_k_max: int = 30,
-             show_progress: bool = True, ids: Sequence[str] | None = None) -> dict[str, Any]:
+             show_progress: bool = True, ids: Sequence[str] | None = None,
+             commit: str | None = None) -> dict[str, Any]:
     """Run every config of ``grid`` (changes to ``loop.config``) on ``texts`` and write the tuning folder.
 
     ``output`` gets ``results.jsonl`` (one row per finished config, resumed on a rerun when its
@@ -269,7 +270,8 @@ def run_grid(loop, texts: Sequence[str], gold: Sequence[Sequence[str]], grid: Se
     ``curve.json`` (best config per budget 1..``curve_max`` next to Direct-R at k = 1..``direct_k_max``)
     and ``table.md``. The loop's retriever and models are wrapped in caches for the whole grid. With ``ids``
     (the questions' ids) each row also keeps every question's gold positions (``per_question``), which
-    :mod:`.crossfit` needs.
+    :mod:`.crossfit` needs. With ``commit`` (:func:`effrag.provenance.report_source`), each new row records it and
+    ``tune_config.json`` lists every commit that ran into the folder (``commits``); neither decides a resume.
     Returns ``{"rows", "best", "direct", "table"}``.
     """
     import json
@@ -292,7 +294,10 @@ def run_grid(loop, texts: Sequence[str], gold: Sequence[Sequence[str]], grid: Se
     cfg_path = out / "tune_config.json"  # every grid run into this folder (results.jsonl holds them all)
     grids = json.loads(cfg_path.read_text()).get("grids", []) if cfg_path.is_file() else []
     grids += [list(grid_spec)] if grid_spec and list(grid_spec) not in grids else []
-    write_text_atomic(cfg_path, json.dumps({**setup, "grids": grids}, indent=2))
+    commits = json.loads(cfg_path.read_text()).get("commits", []) if cfg_path.is_file() else []
+    commits += [commit] if commit and commit not in commits else []
+    write_text_atomic(cfg_path, json.dumps({**setup, "grids": grids, **({"commits": commits} if commits else {})},
+                                           indent=2))
     config_key = lambda row: json.dumps(row["config"], sort_keys=True)  # noqa: E731
     try:
         with ResultLog(out / "results.jsonl", config_key, where=lambda row: same_run(row["setup"], setup)) as log:
@@ -311,7 +316,8 @@ def run_grid(loop, texts: Sequence[str], gold: Sequence[Sequence[str]], grid: Se
                     shared = (key, states)
                 results = loop.rank_pools(shared[1], cfg)
                 log.append({"config": cfg.to_json(), "changes": changes, "setup": setup,
-                            **score_results(results, gold, curve_max, ids=ids), "seconds": time.perf_counter() - t0})
+                            **score_results(results, gold, curve_max, ids=ids), "seconds": time.perf_counter() - t0,
+                            **({"commit": commit} if commit else {})})
             rows = sorted(log.rows.values(), key=lambda r: (-r["recall"], r["avg_chunks"]))
     finally:
         loop.config = base

@@ -81,3 +81,20 @@ def test_prune_drops_the_rankers_no_loop_config_reads(tmp_path):
     info = json.loads((system / "export.json").read_text())
     assert info["pruned"] == ["ranker-teacher"] and set(info["int8_bytes"]) == {"ranker-late"}
     assert prune_rankers(system) == []  # nothing more to drop
+
+
+def test_the_shipped_card_says_what_each_folder_is_and_what_reads_with_it():
+    """The card export writes (and the recipe's reports keep the head of) lists the folders the system holds, the
+    retriever and encoder its configs name, and each loop file's cross-fitted figures."""
+    from effrag.training.export import FOLDERS, shipped_card
+
+    system = Path(pretrained_path("efficientrag-all"))
+    card = shipped_card(system, {"labeler": 22_926_640}, source="runs/x")
+    held = [name for name in FOLDERS if (system / name).is_dir()]
+    assert held == ["labeler", "filter", "ranker", "ranker-late", "set-ranker"]  # the teacher is not shipped
+    for name in held:
+        assert f"- `{name}/`: {FOLDERS[name]}" in card
+    assert "`ranker-teacher/`" not in card and "(22.9 MB int8)" in card
+    assert "every loop config reads with it" in card.split("- `ranker-late/`")[1].split("\n")[0]
+    assert "**hybrid** retriever whose dense leg is **e5-small**" in card
+    assert card.count("| `loop") == 6 and "| `loop-musique.json` | musique | 126 | 73.2 | 76.5 |" in card

@@ -199,4 +199,6 @@ def write_report(out_dir: str | Path, markdown: str, data: dict[str, Any], *, ar
     write_text_atomic(out / md_name, markdown)
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()} if args is not None else {}
     prov = provenance(argv=argv, prog=prog, files=files, commit=commit or data.get("commit"))
-    write_text_atomic(out / json_name, json.dumps({"config": config, **data, **prov}, indent=2, default=str))
+    # the options and the command as a committed report may hold them: no path of this machine
+    write_text_atomic(out / json_name, json.dumps({"config": portable(config), **data, **portable(prov)}, indent=2,
+                                                  default=str))

@@ -213,3 +213,16 @@ def test_every_report_script_checks_the_tree_before_its_work():
     assert not problems, problems
     writers = sorted(n for n in set(LEFT_OUT) & set(scripts) if "write_report(" in scripts[n].read_text(encoding="utf-8"))
     assert not writers, f"{writers} write a report: they check the tree (REPORT_SCRIPTS)"
+
+
+def test_a_report_records_no_path_of_this_machine(tmp_path):
+    """A report's options and command, as committed, name paths relative to the repository or under a named root."""
+    import json
+
+    out = tmp_path / "report"
+    write_report(out, "# r\n", {"rows": []}, args=argparse.Namespace(output=out, n=3), argv=["--output", str(out)],
+                 commit="abc1234")
+    data = json.loads((out / "report.json").read_text())
+    assert str(tmp_path) not in json.dumps(data)
+    assert data["config"]["output"].startswith("<tmp>/") and data["command"].endswith(data["config"]["output"])
+    assert data["config"]["n"] == 3 and data["commit"] == "abc1234"

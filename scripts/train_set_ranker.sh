@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Step 6 of the recipe (issue #70): the set-wise pool ranker of a system, and where it ships.
+# Step 8 of the recipe (issue #70; scripts/train_efficientrag.sh): the set-wise pool ranker of a system, and where it
+# ships.
 #   bash scripts/train_set_ranker.sh SYSTEM_DIR [train dataset ...]   (default: hotpotqa 2wikimqa musique)
 # 1. Dumps each question's pool (its first 30 candidates in the loop's own order, scripts/set_ranker.py dump) under
 #    every loop config of SYSTEM_DIR (loop-<dataset>.json and loop.json; one dump where the two are equal), for the

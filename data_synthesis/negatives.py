@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from effrag.data.records import Question, normalize_space
-from effrag.evaluation.metrics import normalize_answer
+from effrag.text import normalize_answer
 from effrag.retrieval.base import Retriever
 from effrag.text import words
 

@@ -11,6 +11,7 @@ functions and the inference loop builds its inputs with them, so the two cannot 
 from __future__ import annotations
 
 import re
+import string
 from functools import lru_cache
 from typing import Sequence
 
@@ -118,3 +119,15 @@ def link_title(title: str) -> str:
     name rather than a common word."""
     name = " ".join(_NON_ALNUM.sub(" ", _TRAILING_PARENS.sub("", title or "").lower()).split())
     return name if len(name) >= 4 else ""
+
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(s: str) -> str:
+    """An answer as the official HotpotQA / SQuAD scripts compare it: lower case, no punctuation, no articles, single
+    spaces. Here, not in ``evaluation``, because methods (IRCoT, MCR, the readers) and synthesis compare answers
+    too, and ``evaluation`` sits above them."""
+    s = "".join(ch for ch in str(s).lower() if ch not in _PUNCT)
+    return " ".join(_ARTICLES.sub(" ", s).split())

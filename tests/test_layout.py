@@ -75,6 +75,32 @@ def test_effrag_has_no_import_cycles():
     assert _cycles(graph) == []
 
 
+# The packages' order, as docs/architecture.md states it: a module imports from its own layer or those below, never
+# from one above (the package root, ``effrag``, is the public namespace: it may name anything).
+LAYERS = (
+    ("text", "jsonl", "provenance", "integrity", "hardware", "data", "state_files", "batching", "configs"),
+    ("retrieval", "models", "llm", "prompts", "setup", "pretrained"),
+    ("training", "pipelines"),
+    ("evaluation", "tuning"),
+    ("cli_args", "cli", "codec_cli", "retrieve_cli", "run_config", "serve", "integrations", "api", "quickstart"),
+)
+
+
+def _layer(module: str) -> int | None:
+    top = module.split(".")[1] if "." in module else None
+    return next((i for i, names in enumerate(LAYERS) if top in names), None)
+
+
+def test_every_effrag_module_has_a_layer_and_imports_no_layer_above_its_own():
+    mods = _modules()
+    assert [m for m in mods if m != "effrag" and _layer(m) is None] == []  # a new package is placed in LAYERS
+    upward = sorted((m, t) for m, f in mods.items() if m != "effrag"
+                    for t in _imports(m, f) if t in mods and t != "effrag" and _layer(t) > _layer(m))
+    assert upward == []
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    assert all(f"`{name}`" in doc for names in LAYERS for name in names)  # the doc states the same order
+
+
 def test_cycle_finder_finds_a_planted_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

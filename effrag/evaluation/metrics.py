@@ -13,13 +13,11 @@ normalise to nothing score 1.
 """
 from __future__ import annotations
 
-import re
-import string
 from collections import Counter
 from typing import Iterable
 
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = set(string.punctuation)
+from effrag.text import normalize_answer  # re-exported: effrag.evaluation.normalize_answer
+
 _SPECIAL = {"yes", "no", "noanswer"}
 ANSWER_RULES = ("hotpotqa", "musique")
 DATASET_ANSWER_RULE = {"musique": "musique"}  # every other dataset: the HotpotQA rule
@@ -36,11 +34,6 @@ def recall(retrieved_ids: Iterable[str], gold_ids: Iterable[str]) -> float:
     if not gold:
         return 1.0
     return len(gold & set(retrieved_ids)) / len(gold)
-
-
-def normalize_answer(s: str) -> str:
-    s = "".join(ch for ch in str(s).lower() if ch not in _PUNCT)
-    return " ".join(_ARTICLES.sub(" ", s).split())
 
 
 def _aliases(answers: str | Iterable[str]) -> list[str]:

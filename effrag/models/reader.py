@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
-from ..evaluation.metrics import normalize_answer
+from ..text import normalize_answer
 from ..text import PASSAGE_SEPARATOR
 from .heads import DEFAULT_OPTIONS, EncoderWithHeads
 from .spans import span_band

@@ -30,7 +30,7 @@ VOTE_TYPE = "reader_vote"
 
 def vote(answers: Sequence[ReaderAnswer]) -> int:
     """Index of the winning answer: the most frequent normalised answer, ties to the highest confidence."""
-    from ..evaluation.metrics import normalize_answer
+    from ..text import normalize_answer
 
     if not answers:
         raise ValueError("vote: no answers")

@@ -21,7 +21,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from effrag.evaluation.metrics import normalize_answer
+from effrag.text import normalize_answer
 from effrag.prompts import load_prompt
 
 from .answers import parse_answer

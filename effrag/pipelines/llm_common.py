@@ -36,7 +36,7 @@ def first_sentence(text: str) -> str:
 
 def same_answer(a: str, b: str) -> bool:
     """SearChain's consistency test for short answers: the normalised ``a`` occurs inside ``b``."""
-    from effrag.evaluation.metrics import normalize_answer
+    from effrag.text import normalize_answer
 
     na, nb = normalize_answer(a), normalize_answer(b)
     return bool(na) and (na in nb or (bool(nb) and nb in na and len(nb) >= 0.6 * len(na)))

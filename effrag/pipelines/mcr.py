@@ -18,7 +18,7 @@ import random
 from collections import Counter
 from typing import Any
 
-from effrag.evaluation.metrics import normalize_answer
+from effrag.text import normalize_answer
 from effrag.prompts import load_prompt
 
 from .answers import parse_answer

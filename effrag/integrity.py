@@ -43,6 +43,7 @@ import os
 import shutil
 from pathlib import Path
 
+from .paths import first_use_records
 from .provenance import file_sha256
 
 log = logging.getLogger(__name__)
@@ -172,16 +173,6 @@ def writing(path: str | Path):
             full = False
         code = errno.ENOSPC if full else (getattr(e, "errno", None) or errno.EIO)
         raise OSError(code, "no space left on device" if full else short_error(e), str(path)) from None
-
-
-
-HASHES_FILE = "encoder-hashes.json"  # the name predates the LLM entries; kept so earlier records stay valid
-
-
-def first_use_records() -> Path:
-    """Where the sha256 of each weight file that carries no record of its own (an encoder folder, an LLM folder or
-    GGUF file) is kept from its first use: ``$EFFRAG_CACHE_DIR`` or ``~/.cache/effrag``, ``encoder-hashes.json``."""
-    return Path(os.environ.get("EFFRAG_CACHE_DIR", Path.home() / ".cache" / "effrag")) / HASHES_FILE
 
 
 def check_first_use(files, what: str, fix: str, verify: str | None = None) -> None:

@@ -19,7 +19,6 @@ stages) records it with its own settings and compares the two with :func:`check_
 """
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +28,11 @@ RETRIEVER_KINDS = ("dense", "bm25", "hybrid", "milvus")
 
 
 def default_cache_dir() -> Path:
-    """Where indexes built on the fly are cached: ``$EFFRAG_CACHE_DIR`` or ``~/.cache/effrag/indexes``."""
-    return Path(os.environ.get("EFFRAG_CACHE_DIR", Path.home() / ".cache" / "effrag" / "indexes"))
+    """Where indexes built on the fly are cached: ``$EFFRAG_CACHE_DIR/indexes``, else ``~/.cache/effrag/indexes``
+    (:mod:`effrag.paths`)."""
+    from effrag.paths import index_cache_dir
+
+    return index_cache_dir()
 
 
 def dataset_file(data_dir: str | Path, dataset: str, split: str) -> Path:

@@ -78,7 +78,7 @@ def test_effrag_has_no_import_cycles():
 # The packages' order, as docs/architecture.md states it: a module imports from its own layer or those below, never
 # from one above (the package root, ``effrag``, is the public namespace: it may name anything).
 LAYERS = (
-    ("text", "jsonl", "provenance", "integrity", "hardware", "data", "state_files", "batching", "configs"),
+    ("text", "jsonl", "paths", "provenance", "integrity", "hardware", "data", "state_files", "batching", "configs"),
     ("retrieval", "models", "llm", "prompts", "setup", "pretrained"),
     ("training", "pipelines"),
     ("evaluation", "tuning"),

@@ -3,6 +3,7 @@ resume check; the shared argument groups (``effrag.cli_args``)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -90,7 +91,28 @@ def test_retriever_options_and_cache_dir(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="--bm25-article"):
         retriever_options("dense", bm25_article=True)
     monkeypatch.setenv("EFFRAG_CACHE_DIR", str(tmp_path))
-    assert default_cache_dir() == tmp_path
+    assert default_cache_dir() == tmp_path / "indexes"  # the cache root's indexes/, as every other folder is under it
+
+
+def test_every_cache_folder_lives_under_one_root(monkeypatch, tmp_path):
+    """``$EFFRAG_CACHE_DIR`` has one meaning (issue #72): the root of every folder effrag keeps between runs."""
+    from effrag import paths
+    from effrag.integrity import first_use_records
+    from effrag.llm.cache import default_cache_path
+    from effrag.models.backbones import backbones_root
+    from effrag.models.late_vectors import default_root
+
+    monkeypatch.delenv("EFFRAG_BACKBONES", raising=False)
+    monkeypatch.setenv("EFFRAG_CACHE_DIR", str(tmp_path))
+    found = {default_cache_dir(), default_root(), backbones_root(), paths.llm_models_dir(), default_cache_path(),
+             first_use_records()}
+    assert {p.parent for p in found} == {tmp_path}
+    assert {p.name for p in found} == {"indexes", "late-vectors", "backbones", "llm-models", "llm_cache.sqlite",
+                                       "encoder-hashes.json"}
+    monkeypatch.setenv("EFFRAG_BACKBONES", str(tmp_path / "elsewhere"))
+    assert backbones_root() == tmp_path / "elsewhere"
+    monkeypatch.delenv("EFFRAG_CACHE_DIR")
+    assert paths.cache_root() == Path.home() / ".cache" / "effrag"
 
 
 def test_method_args_are_collected_from_the_pipeline():

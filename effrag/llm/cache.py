@@ -17,18 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-CACHE_ENV = "EFFRAG_CACHE_DIR"
-CACHE_FILE = "llm_cache.sqlite"
-
-
-def cache_root() -> Path:
-    """``$EFFRAG_CACHE_DIR``, else ``~/.cache/effrag``: the response cache and converted LLM files live here."""
-    return Path(os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "effrag"))
 
 
 def default_cache_path() -> Path:
-    """``$EFFRAG_CACHE_DIR/llm_cache.sqlite``, else ``~/.cache/effrag/llm_cache.sqlite``."""
-    return cache_root() / CACHE_FILE
+    """``$EFFRAG_CACHE_DIR/llm_cache.sqlite``, else ``~/.cache/effrag/llm_cache.sqlite`` (:mod:`effrag.paths`)."""
+    from effrag.paths import llm_cache_file
+
+    return llm_cache_file()
 
 
 def cache_key(payload: dict[str, Any]) -> str:

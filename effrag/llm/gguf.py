@@ -23,7 +23,9 @@ from typing import Any
 from effrag.hardware import usable_cores
 
 from .base import LLM, LLMRequestError, LLMUnavailableError
-from .cache import ResponseCache, cache_root
+from effrag.paths import llm_models_dir
+
+from .cache import ResponseCache
 
 INSTALL_HINT = (
     "llama-cpp-python is not installed: install effrag[llm] "
@@ -109,7 +111,7 @@ def requantized(src: Path, quant: str) -> Path:
 
     if quant not in QUANTS:
         raise ValueError(f"quant must be one of {sorted(QUANTS)} (or None / 'auto'), got {quant!r}")
-    out = cache_root() / "llm-models" / f"{src.stem}-{src.stat().st_size}.{quant}.gguf"
+    out = llm_models_dir() / f"{src.stem}-{src.stat().st_size}.{quant}.gguf"
     if out.is_file():
         return out
     llama_cpp = _import_llama_cpp()

@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from .base import LLM, LLMRequestError, LLMUnavailableError
-from .cache import ResponseCache, cache_root
+from effrag.paths import llm_models_dir
+
+from .cache import ResponseCache
 
 log = logging.getLogger(__name__)
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
@@ -69,7 +71,7 @@ def quantize_int8(model):
 
 def converted_dir(gguf_file: Path) -> Path:
     """Where a GGUF file's dequantized copy is kept: ``$EFFRAG_CACHE_DIR`` or ``~/.cache/effrag``, ``llm-models/``."""
-    return cache_root() / "llm-models" / f"{gguf_file.stem}-{gguf_file.stat().st_size}"
+    return llm_models_dir() / f"{gguf_file.stem}-{gguf_file.stat().st_size}"
 
 
 def dequantized_folder(gguf_file: Path) -> Path:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 import torch
@@ -66,12 +65,10 @@ def layer_list(encoder):
 
 def backbones_root() -> Path:
     """Where packaged encoders converted once (``smollm2``, ``e5-small``) are kept: ``$EFFRAG_BACKBONES``, else
-    ``$EFFRAG_CACHE_DIR/backbones``, else ``~/.cache/effrag/backbones``. It follows ``EFFRAG_CACHE_DIR`` so that a
-    fresh cache (a test, a clean run) uses conversions of its own, not ones another cache's runs left behind."""
-    if os.environ.get("EFFRAG_BACKBONES"):
-        return Path(os.environ["EFFRAG_BACKBONES"])
-    cache = os.environ.get("EFFRAG_CACHE_DIR")
-    return Path(cache) / "backbones" if cache else Path.home() / ".cache" / "effrag" / "backbones"
+    ``$EFFRAG_CACHE_DIR/backbones``, else ``~/.cache/effrag/backbones`` (:func:`effrag.paths.backbones_dir`)."""
+    from effrag.paths import backbones_dir
+
+    return backbones_dir()
 
 
 def smollm2_dir() -> Path:

@@ -99,10 +99,10 @@ def model_fingerprint(model) -> str:
 
 
 def default_root() -> Path:
-    """``$EFFRAG_CACHE_DIR/late-vectors``, else ``~/.cache/effrag/late-vectors``."""
-    from effrag.llm.cache import cache_root
+    """``$EFFRAG_CACHE_DIR/late-vectors``, else ``~/.cache/effrag/late-vectors`` (:mod:`effrag.paths`)."""
+    from effrag.paths import late_vectors_dir
 
-    return cache_root() / "late-vectors"
+    return late_vectors_dir()
 
 
 def store_folder(root: str | Path, variant: dict) -> Path:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from effrag.jsonl import item_key, read_jsonl
 

@@ -20,8 +20,8 @@ is what IRRR's query head is trained on.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from effrag.text import QUERY_STOPWORDS, normalize_word, words
 

@@ -23,8 +23,8 @@ passage's score, so ranks are exact).
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from effrag.data import Corpus, Question, map_gold
 from effrag.jsonl import ResumableWriter, read_jsonl

@@ -24,8 +24,9 @@ down) propagate: they are not the question's fault.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from effrag.data.records import Passage, Question
 from effrag.llm import LLM, JSONParseError, LLMRequestError, parse_json_loose

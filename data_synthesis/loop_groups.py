@@ -26,8 +26,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from effrag.data.records import normalize_space
 from effrag.state_files import commit, read_json, write_json_atomic, write_text_atomic

@@ -22,14 +22,11 @@ to rank: a retriever's best miss is one paragraph per query, while the loop's po
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from effrag.data.records import Question, normalize_space
-from effrag.text import normalize_answer
 from effrag.retrieval.base import Retriever
-from effrag.text import words
-
-from effrag.text import chunk_text
+from effrag.text import chunk_text, normalize_answer, words
 
 
 def negative_queries(question: Question, filter_records: Sequence[dict]) -> list[tuple[int, str]]:

@@ -16,16 +16,17 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from tqdm import tqdm
 
 from effrag.data import load_questions
 from effrag.data.records import Question
+from effrag.jsonl import ResumableWriter
 
 from .annotation import AnnotationReject, annotate_question
-from effrag.jsonl import ResumableWriter
 from .stats import format_table, write_stats
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,9 @@ import hashlib
 import json
 import random
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from effrag.data.records import Question, normalize_space
 
@@ -128,8 +129,8 @@ def write_ranker_data(synth_dir: str | Path, inputs: Sequence[str | Path], outpu
     The corpus is pooled from ``inputs`` (the files the Labeler records were synthesised from), searched by a
     ``retriever`` of that kind (cached as every run's index is).
     """
-    from effrag.setup import RunSetup
     from effrag.jsonl import numbered_jsonl
+    from effrag.setup import RunSetup
 
     labeler = Path(synth_dir) / "labeler.jsonl"
     if not labeler.is_file():

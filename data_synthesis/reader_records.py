@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from effrag.models.reader import YES_NO
 from effrag.text import PASSAGE_SEPARATOR, reader_passage

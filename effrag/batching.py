@@ -5,9 +5,10 @@ useful to any server that wraps a batched ``retrieve_batch``.
 """
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 log = logging.getLogger("effrag.batching")
 

@@ -17,10 +17,10 @@ values) end with a one-line ``effrag: error: ...`` on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import os
-import errno
 import sys
 from pathlib import Path
 
@@ -43,8 +43,7 @@ DATA_COMMANDS = ("synthesize", "irrr-data", "filter-data", "ranker-data", "ranke
 EXIT_USAGE = 2
 
 
-from effrag.cli_args import (add_corpus_args, add_questions_args, add_retriever_args, output_dir,  # noqa: E402
-                             positive_int)
+from effrag.cli_args import add_corpus_args, add_questions_args, add_retriever_args, output_dir, positive_int  # noqa: E402
 from effrag.pipelines.base import DEFAULT_METHOD  # noqa: E402  (the one default method of every front end)
 
 
@@ -194,8 +193,8 @@ def _scale_options(args) -> dict:
 
 
 def _cmd_index_encode(args) -> None:
-    from effrag.setup import open_corpus
     from effrag.retrieval import Encoder, encode_shards, init_distributed
+    from effrag.setup import open_corpus
 
     rank, world = init_distributed()
     corpus = open_corpus(args.corpus, max_words=args.max_words)
@@ -295,14 +294,14 @@ def add_eval_parser(sub) -> None:
 def _cmd_eval(args) -> None:
     import shutil
 
+    from effrag import run_config
+    from effrag.cli_args import method_options
     from effrag.data.aliases import apply_aliases
     from effrag.evaluation import evaluate, markdown_table
-    from effrag.cli_args import method_options
-    from effrag.setup import RunSetup, encoder_mismatch
     from effrag.pipelines import build_pipeline, dataset_option, get_pipeline_class, llm_options, reader_options
     from effrag.pretrained import resolve_model
+    from effrag.setup import RunSetup, encoder_mismatch
     from effrag.tuning import model_fingerprint
-    from effrag import run_config
 
     run_config.finish(args)  # --config's --k, unless given here
     cls = get_pipeline_class(args.method)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from functools import lru_cache
+from functools import cache, lru_cache
 
 log = logging.getLogger(__name__)
 _BF16_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -37,7 +37,7 @@ def cpu_has_native_bf16() -> bool:
         return False
 
 
-@lru_cache(maxsize=None)
+@cache
 def _warn_once(device_type: str) -> None:
     log.warning("bf16 requested, but this CPU has no native bf16 (AMX / AVX512-BF16): running fp32, which is "
                 "10-20x faster here (EFFRAG_BF16=force keeps bf16)")

@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from .integrity import writing
 
@@ -192,7 +193,7 @@ class ResumableWriter:
         for h in self._handles.values():
             h.close()
 
-    def __enter__(self) -> "ResumableWriter":
+    def __enter__(self) -> ResumableWriter:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -265,7 +266,7 @@ class ResultLog:
             self._handle.close()
             self._handle = None
 
-    def __enter__(self) -> "ResultLog":
+    def __enter__(self) -> ResultLog:
         return self
 
     def __exit__(self, *exc) -> None:

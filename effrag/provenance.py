@@ -13,9 +13,10 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 # Packages whose versions change results (retrieval, training, generation).
 PACKAGES = ("effrag", "numpy", "torch", "transformers", "accelerate", "faiss-cpu", "faiss-gpu-cu12", "bm25s",

@@ -29,8 +29,9 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from effrag.pipelines.base import DEFAULT_RETRIEVER
 

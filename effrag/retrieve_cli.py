@@ -127,8 +127,8 @@ def _text(row: dict[str, Any], score_name: str = "score") -> str:
 
 
 def _cmd_retrieve(args) -> None:
-    from effrag.setup import encoder_mismatch, open_index
     from effrag.pipelines import build_pipeline, get_pipeline_class
+    from effrag.setup import encoder_mismatch, open_index
 
     questions = read_questions(args)  # before any model or index loads: a bad file fails at once
     cls = get_pipeline_class(args.method)

@@ -20,9 +20,10 @@ stages) records it with its own settings and compares the two with :func:`check_
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 RETRIEVER_KINDS = ("dense", "bm25", "hybrid", "milvus")
 
@@ -191,7 +192,7 @@ class RunSetup:
               index: str | Path | None = None, retriever: Any = "dense", encoder: str | None = None,
               index_type: str = "flat", bf16: bool = False, bm25_article: bool = False,
               cache_dir: str | Path | None = None, cache: bool = True, own_contexts: bool = False,
-              skip_malformed: bool = False, retriever_options: Mapping[str, Any] | None = None) -> "RunSetup":
+              skip_malformed: bool = False, retriever_options: Mapping[str, Any] | None = None) -> RunSetup:
         """Load everything a run needs.
 
         ``questions`` is a dataset file or a list of :class:`~effrag.data.Question` (or None: a corpus and
@@ -234,7 +235,7 @@ class RunSetup:
         return cls([], corpus, search, [], kind, sources).ask(questions) if questions is not None else \
             cls([], corpus, search, [], kind, sources)
 
-    def ask(self, questions: Any, *, dataset: str | None = None, limit: int | None = None) -> "RunSetup":
+    def ask(self, questions: Any, *, dataset: str | None = None, limit: int | None = None) -> RunSetup:
         """These questions (a file or a list) over this setup's corpus and retriever, with their gold ids: one
         corpus and index serve several question files (a benchmark's datasets)."""
         from dataclasses import replace
@@ -250,7 +251,7 @@ class RunSetup:
         return replace(self, questions=questions, gold=gold, sources=sources, missing_gold=len(rep.missing),
                        gold_total=rep.total)
 
-    def over(self, retriever: Any, **options: Any) -> "RunSetup":
+    def over(self, retriever: Any, **options: Any) -> RunSetup:
         """The same questions and corpus under another retriever (a kind, built or taken from the cache, or an
         object); ``options`` as :func:`open_retriever`'s."""
         from dataclasses import replace
@@ -261,7 +262,7 @@ class RunSetup:
 
     @classmethod
     def from_args(cls, args: Any, *, questions: Any = None, own_contexts: bool = False,
-                  **overrides: Any) -> "RunSetup":
+                  **overrides: Any) -> RunSetup:
         """From the options of :func:`effrag.cli_args.add_run_args` (missing ones take their defaults); see
         :meth:`build`."""
         get = lambda name, default=None: overrides.get(name, getattr(args, name, default))  # noqa: E731

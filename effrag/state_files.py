@@ -20,8 +20,9 @@ import itertools
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
 _serial = itertools.count()
 _TEMP = re.compile(r"\.tmp(\d+)(?:-\d+)?$")

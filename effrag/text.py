@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 import string
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Sequence
 
 INFO = ["Info", ":"]  # words opening each known-information block of the Filter input
 _NON_ALNUM = re.compile(r"[^0-9a-z]+")

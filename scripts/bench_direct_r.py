@@ -22,9 +22,9 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see effrag.retrieval.encoder
 
 from effrag.evaluation import evaluate, markdown_table
-from effrag.setup import RunSetup, dataset_file, default_cache_dir
 from effrag.pipelines import build_pipeline
 from effrag.provenance import provenance, report_source
+from effrag.setup import RunSetup, dataset_file, default_cache_dir
 
 
 def run(args) -> list[dict]:

@@ -32,8 +32,8 @@ def setup(args):
     import logging
 
     from effrag.cli_args import method_options
-    from effrag.setup import RunSetup
     from effrag.pipelines import build_pipeline
+    from effrag.setup import RunSetup
 
     # predict() warns about truncated chunks on every call; in a loop over hundreds of hops that is noise
     logging.getLogger("effrag.models").setLevel(logging.ERROR)

@@ -78,10 +78,10 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     from effrag.evaluation import evaluate
-    from effrag.setup import RunSetup, dataset_file
-    from effrag.models.irrr import IRRRReader
     from effrag.models import IRRRModel
+    from effrag.models.irrr import IRRRReader
     from effrag.pipelines import build_pipeline
+    from effrag.setup import RunSetup, dataset_file
 
     irrr_model = IRRRModel.from_pretrained(args.irrr).eval()
     reader = IRRRReader(irrr_model)

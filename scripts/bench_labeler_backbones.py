@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from effrag.evaluation.report import md_table
 from effrag.cli_args import add_source_args
+from effrag.evaluation.report import md_table
 from effrag.provenance import provenance, report_source
 
 

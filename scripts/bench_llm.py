@@ -104,13 +104,13 @@ def measure(llm, generator_cls, questions, chunks, dataset: str, batched: bool) 
 def main(argv=None) -> int:
     import torch
 
+    from effrag.cli_args import add_source_args
     from effrag.evaluation.metrics import exact_match, f1
-    from effrag.setup import RunSetup
     from effrag.hardware import usable_cores
     from effrag.llm import default_gguf_path
     from effrag.pipelines.generation import Generator
-    from effrag.cli_args import add_source_args
     from effrag.provenance import provenance, report_source
+    from effrag.setup import RunSetup
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dataset", default="hotpotqa")

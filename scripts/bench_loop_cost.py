@@ -91,13 +91,12 @@ def main(argv=None) -> int:
 
     import torch
 
-    from effrag.setup import RunSetup
-    from effrag.pipelines.efficientrag import build_config, load_models
-    from effrag.tuning.loop_cost import measure, report
     from effrag.models.model_files import read_effrag_config
+    from effrag.pipelines.efficientrag import build_config, load_models
     from effrag.pipelines.efficientrag.system import open_system
-    from effrag.provenance import portable, portable_path
-    from effrag.provenance import provenance
+    from effrag.provenance import portable, portable_path, provenance
+    from effrag.setup import RunSetup
+    from effrag.tuning.loop_cost import measure, report
 
     logging.getLogger("effrag.models").setLevel(logging.ERROR)
     logging.getLogger("effrag.hardware").setLevel(logging.ERROR)

@@ -192,8 +192,8 @@ def main(argv=None) -> int:
     if args.report_only:
         return report_only(args, report_source(args.output, args.allow_dirty))
     from effrag.evaluation import evaluate
-    from effrag.setup import RunSetup
     from effrag.llm import load_llm
+    from effrag.setup import RunSetup
 
     method_opts = json.loads(args.method_opts)
     files = [Path(f) for f in args.questions]

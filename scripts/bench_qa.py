@@ -96,13 +96,13 @@ def main(argv=None) -> int:
 
     from effrag.evaluation import evaluate, read_predictions
     from effrag.evaluation.report import md_table
-    from effrag.setup import RunSetup, dataset_file
     from effrag.hardware import usable_cores
     from effrag.models import load_reader
     from effrag.pipelines import build_pipeline
     from effrag.pipelines.generation import ReaderGenerator
     from effrag.pipelines.irrr import read_irrr_config
     from effrag.pretrained import pretrained_path
+    from effrag.setup import RunSetup, dataset_file
     from effrag.tuning import model_fingerprint
 
     try:

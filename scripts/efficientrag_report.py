@@ -135,7 +135,7 @@ def curve(report: dict, direct: dict) -> tuple[str, list[dict]]:
             kind, v = strongest(dr, k)
             plot.append({"method": "Direct-R, strongest retriever at each k", "dataset": ds, "recall": v,
                          "avg_chunks": float(k)})
-        for name, series in ((f"EfficientRAG loop-<dataset>.json (cross-fitted)", own),
+        for name, series in (("EfficientRAG loop-<dataset>.json (cross-fitted)", own),
                              ("EfficientRAG loop.json (cross-fitted)", gen)):
             plot += [{"method": name, "dataset": ds, "recall": r, "avg_chunks": ch} for _, r, ch in series]
     return md_table(["", *(str(k) for k in range(1, 11))], rows, "l" + "r" * 10), plot
@@ -222,8 +222,8 @@ def ranker_factor_for(setup: dict, system: Path | None, name: str, parser) -> fl
     tuning's own path may since hold another model), checked against the fingerprint the tuning recorded; else from
     the folders the tuning read."""
     from effrag.models.model_files import fingerprint
-    from effrag.tuning.loop_cost import ranker_read_factor
     from effrag.tuning.loop_configs import setup_ranker_factor
+    from effrag.tuning.loop_cost import ranker_read_factor
 
     if system is None or not (system / name).is_dir():
         return setup_ranker_factor(setup)
@@ -287,7 +287,7 @@ def main(argv=None) -> int:
         p.error(f"--targets {' '.join(args.targets)}: expected CHUNKS=DEPTH pairs, e.g. 7=20 10=30")
     commit = report_source(args.output, args.allow_dirty)
     from effrag.tuning.evidence import read_evidence, write_evidence
-    from effrag.tuning.loop_configs import read_rows, setup_ranker_factor, write_loop_configs
+    from effrag.tuning.loop_configs import read_rows, write_loop_configs
 
     tunes, evidence = {}, {}
     if args.evidence:

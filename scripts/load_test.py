@@ -31,8 +31,8 @@ from urllib.parse import urlparse
 
 import httpx
 
-from effrag.evaluation.report import md_table
 from effrag.cli_args import add_source_args
+from effrag.evaluation.report import md_table
 from effrag.provenance import portable, provenance, report_source
 
 

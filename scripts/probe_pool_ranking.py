@@ -115,10 +115,10 @@ def main(argv=None) -> int:
     commit = report_source(args.output, args.allow_dirty)
     import logging
 
-    from effrag.evaluation.report import md_table
     from effrag.cli_args import method_options
-    from effrag.setup import RunSetup
+    from effrag.evaluation.report import md_table
     from effrag.pipelines import build_pipeline
+    from effrag.setup import RunSetup
     from effrag.tuning import CachedModel, CachedRetriever, direct_r_curve
 
     logging.getLogger("effrag.models").setLevel(logging.ERROR)

@@ -34,8 +34,8 @@ KINDS = {  # kind of work -> substrings of the profiled function's name
 
 
 def main(argv=None) -> int:
-    from effrag.pipelines.efficientrag import EfficientRAGLoop, build_config, load_models
     from effrag.cli_args import add_source_args
+    from effrag.pipelines.efficientrag import EfficientRAGLoop, build_config, load_models
     from effrag.pipelines.efficientrag.system import open_system
     from effrag.provenance import provenance, report_source
     from effrag.setup import RunSetup

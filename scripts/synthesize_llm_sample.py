@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from effrag.jsonl import ResumableWriter, read_jsonl  # noqa: E402
 from data_synthesis.llm_steps import LLMStepsConfig, SynthesisReject, synthesize_question_llm  # noqa: E402
 from effrag.data import load_questions  # noqa: E402
+from effrag.jsonl import ResumableWriter, read_jsonl  # noqa: E402
 from effrag.llm import load_llm  # noqa: E402
 
 

@@ -82,10 +82,10 @@ def main(argv=None) -> int:
 
     from effrag.data import load_questions
     from effrag.evaluation.metrics import recall
-    from effrag.setup import RunSetup, dataset_file
     from effrag.jsonl import ResultLog
-    from effrag.provenance import command_line
     from effrag.pipelines.efficientrag import EfficientRAGLoop, build_config, load_models
+    from effrag.provenance import command_line
+    from effrag.setup import RunSetup, dataset_file
 
     logging.getLogger("effrag.models").setLevel(logging.ERROR)
     models = {name: model_dirs(path) for name, path in pairs(args.models, "models").items()}

@@ -55,9 +55,9 @@ def main(argv=None) -> int:
     import logging
 
     from effrag.cli_args import method_options
-    from effrag.setup import RunSetup
     from effrag.pipelines import build_pipeline
     from effrag.provenance import report_source
+    from effrag.setup import RunSetup
     from effrag.tuning import parse_grid, read_grid_file, run_grid, tuning_setup
 
     try:

@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import reset_accelerate
 
 from effrag.data import Corpus, load_questions, sample_files
-from helpers import reset_accelerate
 
 ROOT = Path(__file__).parents[1]
 
@@ -21,8 +21,9 @@ def pytest_configure(config):
     import shutil
     import tempfile
 
-    from effrag.cli import DATA_COMMANDS, command_entry_points
     from helpers import write_command_entry_points
+
+    from effrag.cli import DATA_COMMANDS, command_entry_points
 
     if set(DATA_COMMANDS) <= {ep.name for ep in command_entry_points()}:
         return

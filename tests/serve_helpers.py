@@ -34,7 +34,7 @@ class Server:
         self.cfg_path.write_text(yaml.safe_dump(config))
         self.returncode: int | None = None
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         import httpx
 
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}

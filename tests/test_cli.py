@@ -6,11 +6,10 @@ import subprocess
 import sys
 
 import pytest
+from helpers import run_cli as run
 
 from effrag.cli import main
 from effrag.data import Corpus, build_corpus, sample_path
-
-from helpers import run_cli as run
 
 HOTPOT_TRAIN, HOTPOT_DEV = sample_path("hotpotqa", "train"), sample_path("hotpotqa", "dev")
 

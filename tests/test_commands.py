@@ -10,11 +10,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
-
+import tomllib
 from helpers import write_command_entry_points
 
 ROOT = Path(__file__).resolve().parents[1]

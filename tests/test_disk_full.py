@@ -10,10 +10,10 @@ import subprocess
 import uuid
 
 import pytest
+from helpers import run_cli
 
 from effrag.data import sample_path
 from effrag.integrity import writing
-from helpers import run_cli
 
 DEV = sample_path("hotpotqa", "dev")
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import run_cli as run
 
 from effrag.data import Corpus, DataFormatError, passage_id
 from effrag.data.documents import corpus_from_inputs, folder_passages, is_passage_file, split_passages
-
-from helpers import run_cli as run
 
 SPACE = """# Space travellers
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import run_cli as run
 
 from effrag import configs
 from effrag.cli import main
 from effrag.data import sample_path
 from effrag.run_config import _recorded_k
-
-from helpers import run_cli as run
 
 HOTPOT_TRAIN, HOTPOT_DEV = sample_path("hotpotqa", "train"), sample_path("hotpotqa", "dev")
 

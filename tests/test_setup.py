@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from effrag.data import sample_path
 from effrag.cli_args import add_method_args, add_run_args, method_options
+from effrag.data import sample_path
 from effrag.setup import RunSetup, default_cache_dir, open_corpus, retriever_options
 
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import MutableSequence
 from dataclasses import replace
 from pathlib import Path
-from typing import MutableSequence
 
 from .loaders import DataFormatError, _records
 from .records import Question

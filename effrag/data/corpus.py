@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 from .loaders import DataFormatError, load_questions, utf8_error
 from .records import Passage, Question, passage_id
@@ -43,7 +43,7 @@ class Corpus:
 
     # ------------------------------------------------------------ building
     @classmethod
-    def from_questions(cls, questions: Iterable[Question]) -> "Corpus":
+    def from_questions(cls, questions: Iterable[Question]) -> Corpus:
         """Pool every question's context passages, first occurrence wins."""
         seen: dict[str, Passage] = {}
         for q in questions:
@@ -55,7 +55,7 @@ class Corpus:
         return cls(seen.values())
 
     @classmethod
-    def from_jsonl(cls, path: str | Path) -> "Corpus":
+    def from_jsonl(cls, path: str | Path) -> Corpus:
         """Read a corpus JSONL with one ``{"id", "title", "text"}`` object per line.
 
         ``id`` may be a string or an integer (kept as its string form), or absent: the passage then gets

@@ -22,8 +22,8 @@ import json
 import logging
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from .corpus import Corpus, CorpusError, build_corpus
 from .loaders import DataFormatError, detect_format, utf8_error

@@ -25,8 +25,9 @@ imported only here, only when such a source is read.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import DataFormatError, _RecordError
 

@@ -19,9 +19,10 @@ import json
 import logging
 import re
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from .errors import DataFormatError, _RecordError
 from .hf_layouts import REQUIRED, TABLE_SUFFIXES, is_hf_object, missing_columns, table_records, to_original

@@ -13,6 +13,7 @@ import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+
 def normalize_space(s: str) -> str:
     return " ".join(s.split())
 
@@ -33,7 +34,7 @@ class Passage:
     sentences: list[str] | None = None
 
     @classmethod
-    def make(cls, title: str, text: str, sentences: list[str] | None = None) -> "Passage":
+    def make(cls, title: str, text: str, sentences: list[str] | None = None) -> Passage:
         return cls(id=passage_id(title, text), title=title, text=text, sentences=sentences)
 
     def to_json(self) -> dict[str, Any]:

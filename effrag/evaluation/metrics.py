@@ -14,7 +14,7 @@ normalise to nothing score 1.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 from effrag.text import normalize_answer  # re-exported: effrag.evaluation.normalize_answer
 

@@ -8,9 +8,10 @@ the quickstart read them back with :func:`read_predictions`, each as a :class:`P
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from effrag.pipelines.result import Result
 
@@ -34,7 +35,7 @@ class Prediction:
         return write_row(self, self.gold, self.result, self.latency_s)
 
     @classmethod
-    def from_row(cls, row: dict[str, Any], where: str = "predictions row") -> "Prediction":
+    def from_row(cls, row: dict[str, Any], where: str = "predictions row") -> Prediction:
         """A row read back; a row without the question fields is one error naming ``where`` and the field."""
         missing = [k for k in QUESTION_FIELDS if k not in row]
         if missing:

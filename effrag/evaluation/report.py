@@ -5,8 +5,9 @@ their rows and call :func:`md_table` rather than formatting pipes themselves.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 # (key, header, format) in display order; a column is shown when some entry has the key.
 _COLUMNS = [

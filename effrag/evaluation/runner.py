@@ -17,8 +17,9 @@ import logging
 import random
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from effrag.pipelines.result import Result
 from effrag.state_files import write_text_atomic

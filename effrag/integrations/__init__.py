@@ -20,7 +20,8 @@ The framework adapters import their framework only when used (optional extras):
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from effrag.pipelines.base import Pipeline
 from effrag.pipelines.result import Chunk, Result

@@ -60,7 +60,7 @@ class EffragHaystackRetriever:
     def from_paths(cls, index: str, labeler: str | None = None, filter: str | None = None,  # noqa: A002
                    loop_config: str | None = None, top_k: int | None = None, content: str = "text",
                    options: dict[str, Any] | None = None, k: int = 10, *, model: str | None = None,
-                   method: str | None = None) -> "EffragHaystackRetriever":
+                   method: str | None = None) -> EffragHaystackRetriever:
         """A component over a saved index (``effrag index build``) and, by name, a registered method over it
         (``method``; its checkpoints: ``model``, a system folder or shipped name, or ``labeler``/``filter`` and a
         ``loop_config`` file; given without ``method``, they go to ``effrag.pipelines.DEFAULT_METHOD``). Without
@@ -87,7 +87,7 @@ class EffragHaystackRetriever:
         return default_to_dict(self, **self._paths)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "EffragHaystackRetriever":
+    def from_dict(cls, data: dict[str, Any]) -> EffragHaystackRetriever:
         return cls.from_paths(**data.get("init_parameters", {}))
 
     @component.output_types(documents=list[Document], trace=Any)

@@ -66,7 +66,7 @@ class EffragLangChainRetriever(BaseRetriever):
         return v
 
     @classmethod
-    def from_effrag(cls, obj: Any, *, k: int | None = None, **kwargs: Any) -> "EffragLangChainRetriever":
+    def from_effrag(cls, obj: Any, *, k: int | None = None, **kwargs: Any) -> EffragLangChainRetriever:
         """Wrap an EfficientRAG, a pipeline, a retriever with ``search`` or a ``fn(queries, k)``; ``k`` as above."""
         return cls(source=as_source(obj, k=k or 10), k=k, **kwargs)
 

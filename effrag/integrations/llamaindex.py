@@ -51,7 +51,7 @@ class EffragLlamaIndexRetriever(BaseRetriever):
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
     @classmethod
-    def from_effrag(cls, obj: Any, **kwargs: Any) -> "EffragLlamaIndexRetriever":
+    def from_effrag(cls, obj: Any, **kwargs: Any) -> EffragLlamaIndexRetriever:
         """Wrap an EfficientRAG, a pipeline, a retriever with ``search`` or a ``fn(queries, k)``."""
         return cls(obj, **kwargs)
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Sequence
+from typing import Any
 
 from .cache import ResponseCache, cache_key
 

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 def default_cache_path() -> Path:
     """``$EFFRAG_CACHE_DIR/llm_cache.sqlite``, else ``~/.cache/effrag/llm_cache.sqlite`` (:mod:`effrag.paths`)."""
     from effrag.paths import llm_cache_file

@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from effrag.hardware import usable_cores
-
-from .base import LLM, LLMRequestError, LLMUnavailableError
 from effrag.paths import llm_models_dir
 
+from .base import LLM, LLMRequestError, LLMUnavailableError
 from .cache import ResponseCache
 
 INSTALL_HINT = (

@@ -30,9 +30,9 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from .base import LLM, LLMRequestError, LLMUnavailableError
 from effrag.paths import llm_models_dir
 
+from .base import LLM, LLMRequestError, LLMUnavailableError
 from .cache import ResponseCache
 
 log = logging.getLogger(__name__)

@@ -168,10 +168,9 @@ def save_compact_encoder(encoder, path: str | Path, state: dict[str, torch.Tenso
 
 def load_compact_encoder(path: str | Path, config, **kwargs):
     """The encoder of a directory holding ``model.int8.safetensors``, dequantized to fp32."""
+    from safetensors import safe_open
     from safetensors.torch import load_file
     from transformers import AutoModel
-
-    from safetensors import safe_open
 
     path = Path(path)
     encoder = AutoModel.from_config(config, dtype=torch.float32, **kwargs)

@@ -10,6 +10,7 @@ import torch
 from .heads import EncoderWithHeads, TaggerOutput, TokenHead, predict_batches
 from .tokenization import encode_singles
 
+
 class FilterModel(EncoderWithHeads):
     model_type = "filter"
     label_names = {"token": ["drop", "keep"]}

@@ -39,9 +39,18 @@ from transformers.utils import ModelOutput
 from ..integrity import CorruptFileError, record_files, short_error, verify_files
 from .backbones import bidirectional_mask, is_decoder_backbone, layer_list, prepare_decoder
 from .encoders import ENCODER_ALIASES, resolve_encoder  # noqa: F401 (re-exported)
-from .model_files import (CONFIG_NAME, HEADS_NAME, REDOWNLOAD, check_config_fits_weights,  # noqa: F401 (re-exported)
-                          check_finite, check_tokenizer_files, load_encoder_config, read_effrag_config,
-                          recorded_names, unreadable_safetensors)
+from .model_files import (  # noqa: F401 (re-exported)
+    CONFIG_NAME,
+    HEADS_NAME,
+    REDOWNLOAD,
+    check_config_fits_weights,
+    check_finite,
+    check_tokenizer_files,
+    load_encoder_config,
+    read_effrag_config,
+    recorded_names,
+    unreadable_safetensors,
+)
 from .tokenization import IGNORE
 
 FORMAT_VERSION = 1
@@ -304,7 +313,7 @@ class EncoderWithHeads(nn.Module):
         write_text_atomic(path / CONFIG_NAME, json.dumps(meta, indent=2, default=str) + "\n")
 
 
-def forward_batches(model: "EncoderWithHeads", features: list[dict], batch_size: int, bf16: bool,
+def forward_batches(model: EncoderWithHeads, features: list[dict], batch_size: int, bf16: bool,
                     run=None):
     """Run ``model`` over feature dicts (``input_ids`` ...) in length-sorted, padded batches, in eval mode.
 
@@ -313,9 +322,8 @@ def forward_batches(model: "EncoderWithHeads", features: list[dict], batch_size:
     mode, batching, device placement and bf16 autocast for every model's ``predict``. ``run(batch)`` makes a
     batch's output (default ``model(**batch)``), for a model whose inference is not its training ``forward``.
     """
-    from .tokenization import length_batches, pad_batch
-
     from ..hardware import resolve_bf16
+    from .tokenization import length_batches, pad_batch
 
     was_training = model.training
     model.eval()
@@ -332,7 +340,7 @@ def forward_batches(model: "EncoderWithHeads", features: list[dict], batch_size:
         model.train(was_training)
 
 
-def predict_batches(model: "EncoderWithHeads", encoded: list, batch_size: int, bf16: bool, what: str):
+def predict_batches(model: EncoderWithHeads, encoded: list, batch_size: int, bf16: bool, what: str):
     """:func:`forward_batches` over word-labelled inputs, with each input word's keep probability.
 
     Yields ``(item_index, row, output, word_probs)`` for each item, where ``word_probs``

@@ -14,6 +14,7 @@ from .heads import ChunkHead, EncoderWithHeads, TaggerOutput, TokenHead, predict
 from .pair_encoding import pair_encoder
 from .tokenization import encode_pairs
 
+
 class LabelerModel(EncoderWithHeads):
     model_type = "labeler"
     label_names = {"token": ["useless", "useful"], "tag": ["<Terminate>", "<Continue>"]}

@@ -98,7 +98,7 @@ class ProductQuantizer:
 
     @classmethod
     def train(cls, vectors: torch.Tensor, subspaces: int = DEFAULT_SUBSPACES, seed: int = 0,
-              sample: int = TRAIN_TOKENS, coarse: int = DEFAULT_COARSE) -> "ProductQuantizer":
+              sample: int = TRAIN_TOKENS, coarse: int = DEFAULT_COARSE) -> ProductQuantizer:
         """Fit code books (and ``coarse`` centroids first, 0: none) on token vectors [N, dim] (a seeded sample of
         at most ``sample`` rows, normalised)."""
         if vectors.ndim != 2 or vectors.shape[1] % subspaces:
@@ -160,7 +160,7 @@ class ProductQuantizer:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "ProductQuantizer":
+    def load(cls, path: str | Path) -> ProductQuantizer:
         """The codec in ``path``; a ValueError naming the file if it is not one or its bytes do not match the SHA-256
         recorded in it."""
         from safetensors import SafetensorError

@@ -51,7 +51,7 @@ class LateRankerModel(EncoderWithHeads):
         self.codec: ProductQuantizer | None = None  # with one, chunk vectors are kept as its codes (late_codec)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *args, **kwargs) -> "LateRankerModel":
+    def from_pretrained(cls, path: str | Path, *args, **kwargs) -> LateRankerModel:
         """The checkpoint, and its codec where the checkpoint's recorded files name ``codec.safetensors`` (checked
         with them, then against the SHA-256 inside it). ``$EFFRAG_LATE_CODEC=0`` leaves the codec out: the vectors
         are then kept as computed (about 15x the bytes; what the codec's quality report compares with)."""
@@ -90,7 +90,7 @@ class LateRankerModel(EncoderWithHeads):
         self._forget_vectors()
 
     # -- the vectors --------------------------------------------------------------------------------
-    def train(self, mode: bool = True) -> "LateRankerModel":
+    def train(self, mode: bool = True) -> LateRankerModel:
         """Training mode drops the chunk vectors in memory and the weights' fingerprint: the weights are about to
         change in this process, and vectors made before would be read (and stored under the old weights' folder)
         as if they were the new weights'. Eval mode keeps them."""
@@ -330,7 +330,7 @@ class ChunkVectors:
         self.weights: str | None = None
         self.stores: dict[tuple, VectorStore] = {}  # (length, bf16) -> the store read on a miss
 
-    def __deepcopy__(self, memo) -> "ChunkVectors":
+    def __deepcopy__(self, memo) -> ChunkVectors:
         return ChunkVectors()
 
     def __contains__(self, key) -> bool:

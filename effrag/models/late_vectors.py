@@ -38,8 +38,8 @@ import logging
 import math
 import os
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 import torch

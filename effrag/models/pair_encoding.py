@@ -19,7 +19,7 @@ import hashlib
 import threading
 from array import array
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 from .tokenization import Encoded, encode_pairs, tokenizer_spec
 

@@ -23,16 +23,15 @@ which also builds its SQuAD-style examples from dataset files), ``configs/reader
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
-from ..text import normalize_answer
-from ..text import PASSAGE_SEPARATOR
+from ..text import PASSAGE_SEPARATOR, normalize_answer
 from .heads import DEFAULT_OPTIONS, EncoderWithHeads
 from .spans import span_band
 from .tokenization import IGNORE  # a target the loss skips: spans of yes/no examples, types of no-answer ones
@@ -331,7 +330,7 @@ def decode_span(question: str, window: WindowLogits, max_answer_tokens: int = MA
     return ReaderAnswer(w.document[c0:c1], w.confidence, c0, c1, score, answer_type)
 
 
-def load_reader_checkpoint(path: "str | Path") -> ExtractiveReader:
+def load_reader_checkpoint(path: str | Path) -> ExtractiveReader:
     """An :class:`ExtractiveReader` from a checkpoint folder, with a clear error for anything else
     (:func:`effrag.models.load_reader` opens a reader-vote folder too)."""
     from .heads import HEADS_NAME

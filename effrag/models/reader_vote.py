@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ..state_files import write_text_atomic
 from .reader import ExtractiveReader, ReaderAnswer, load_reader_checkpoint
@@ -53,7 +53,7 @@ class ReaderVote:
         self.training_config = None
 
     # -- reading (the ExtractiveReader interface its users call) -----------------------------------------------
-    def eval(self) -> "ReaderVote":
+    def eval(self) -> ReaderVote:
         for m in self.members:
             m.eval()
         return self
@@ -95,7 +95,7 @@ class ReaderVote:
         return meta
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **_) -> "ReaderVote":
+    def from_pretrained(cls, path: str | Path, **_) -> ReaderVote:
         """Open a vote folder: each member loads from its own checkpoint (paths relative to ``path``)."""
         from .heads import CONFIG_NAME, read_effrag_config
 
@@ -113,7 +113,7 @@ class ReaderVote:
         return vote_
 
 
-def load_reader(path: str | Path) -> "ExtractiveReader | ReaderVote":
+def load_reader(path: str | Path) -> ExtractiveReader | ReaderVote:
     """A reader folder (:class:`ExtractiveReader`), a vote folder (:class:`ReaderVote`), by its
     ``effrag_config.json``, or a shipped reader's name (``reader-all``, :func:`effrag.pretrained.resolve_model`);
     anything else gets :func:`~.reader.load_reader_checkpoint`'s clear error."""

@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from effrag.state_files import atomic_path, write_text_atomic
 from effrag.text import link_form, link_title

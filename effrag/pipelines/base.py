@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .result import Result
 
@@ -33,7 +34,7 @@ DEFAULT_METHOD = "efficientrag"
 # shipped system's loop configs were tuned over.
 DEFAULT_RETRIEVER = "hybrid"
 
-_REGISTRY: dict[str, type["Pipeline"]] = {}
+_REGISTRY: dict[str, type[Pipeline]] = {}
 _ALIASES: dict[str, str] = {}
 _IMPORT_ERRORS: dict[str, str] = {}
 

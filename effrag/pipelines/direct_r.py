@@ -6,7 +6,8 @@ retrieval only.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .base import Pipeline, register_pipeline
 from .generation import answer_results

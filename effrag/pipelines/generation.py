@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from effrag.llm import LLM, JSONParseError, load_llm, parse_json_loose
 from effrag.prompts import fill, load_prompt

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import random
 import re
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
-from effrag.text import normalize_answer
 from effrag.prompts import load_prompt
+from effrag.text import normalize_answer
 
 from .answers import parse_answer
 from .base import register_pipeline
@@ -33,7 +33,7 @@ ANSWER_IS = re.compile(r"answer is", re.I)
 READERS = ("direct", "cot")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _train_records(dataset: str) -> dict:
     from effrag.data import load_questions, sample_path
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from .base import Pipeline
 from .result import Chunk, Result

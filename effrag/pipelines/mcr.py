@@ -18,8 +18,8 @@ import random
 from collections import Counter
 from typing import Any
 
-from effrag.text import normalize_answer
 from effrag.prompts import load_prompt
+from effrag.text import normalize_answer
 
 from .answers import parse_answer
 from .base import register_pipeline

@@ -13,8 +13,9 @@ serve`` read ``result.chunks`` and ``result.trace_json()``, and the public API h
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from effrag.text import join_words
 
@@ -56,7 +57,7 @@ class Chunk:
         return asdict(self)
 
     @classmethod
-    def from_hit(cls, hit: Any, hop: int = 0, query: str = "", score: float | None = None) -> "Chunk":
+    def from_hit(cls, hit: Any, hop: int = 0, query: str = "", score: float | None = None) -> Chunk:
         """A chunk from a retriever's :class:`~effrag.retrieval.base.Hit`, a chunk, a dict or any object
         with ``id`` and a string ``text`` (optionally ``title``, ``score``, ``hop``, ``kept_words``, ``query``).
 
@@ -213,7 +214,7 @@ class Result:
         return row
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "Result":
+    def from_row(cls, row: Mapping[str, Any]) -> Result:
         """The result a ``predictions.jsonl`` row was written from (:meth:`to_row`, plus the runner's question
         fields, which are not the method's): ``Result.from_row(r.to_row()).to_row() == r.to_row()``.
 

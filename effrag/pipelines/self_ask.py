@@ -16,8 +16,9 @@ chains (where the LLM itself writes the intermediate answers from prepended evid
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from effrag.prompts import load_prompt
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,7 @@ class PromptSet:
         return sep.join(self.fill(template_key, variant, **e) for e in exs)
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_prompt(name: str) -> str | PromptSet:
     """The prompt file ``<name>.txt`` (its text) or ``<name>.yaml`` (a :class:`PromptSet`) under this folder,
     e.g. ``load_prompt("qa/hotpotqa")``, ``load_prompt("methods/cot")``."""

@@ -11,8 +11,8 @@ import logging
 from functools import lru_cache
 from pathlib import Path
 
-from .base import Hit
 from ..integrity import CorruptFileError, short_error, writing
+from .base import Hit
 from .meta import REBUILD, files_under, read_meta, verify_index, write_meta
 
 
@@ -190,7 +190,7 @@ class BM25Retriever:
 
     @classmethod
     def load(cls, directory: str | Path, corpus, verify: str | None = None, mmap: bool = False,
-             **_runtime) -> "BM25Retriever":
+             **_runtime) -> BM25Retriever:
         """Load a saved index; ``verify`` (``"cheap"``/``"full"``/``"off"``) checks its files first.
 
         ``mmap=True`` memory-maps the score matrix instead of reading it (large corpora: the OS pages

@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from ..integrity import CorruptFileError, short_error, writing
 from .base import Hit
 from .encoder import Encoder
 from .faiss_index import INDEX_TYPES, build_faiss_index, set_search_params, to_gpus
-from .shards import encode_to_store
-from ..integrity import CorruptFileError, short_error, writing
 from .meta import REBUILD, IndexMismatchError, read_meta, verify_index, write_meta
+from .shards import encode_to_store
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class DenseRetriever:
 
     @classmethod
     def load(cls, directory: str | Path, corpus, encoder: Encoder, verify: str | None = None,
-             **runtime) -> "DenseRetriever":
+             **runtime) -> DenseRetriever:
         """Load a saved index; ``verify`` (``"cheap"``/``"full"``/``"off"``) checks its files first."""
         import faiss
 

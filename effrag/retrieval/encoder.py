@@ -13,9 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 
@@ -153,7 +153,7 @@ class Encoder:
             self._device = "cuda" if torch.cuda.is_available() else "cpu"
         return self._device
 
-    def load(self) -> "Encoder":
+    def load(self) -> Encoder:
         """Load (and check) the weights now instead of at the first encoding; returns the encoder."""
         self._load()
         return self

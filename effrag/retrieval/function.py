@@ -1,7 +1,8 @@
 """A plain function as a retriever: ``fn(queries, k)`` returning hits as :class:`Hit` objects or dicts."""
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .base import Hit
 

@@ -104,7 +104,7 @@ class MilvusRetriever:
     def build(cls, corpus, encoder, uri: str | Path, embeddings, collection: str = "effrag", *,
               index_type: str = "FLAT", nlist: int = 1024, hnsw_m: int = 32, ef_construction: int = 200,
               token: str | None = None, insert_batch: int = INSERT_BATCH, show_progress: bool = True,
-              **runtime) -> "MilvusRetriever":
+              **runtime) -> MilvusRetriever:
         """(Re)create ``collection`` at ``uri`` and insert ``embeddings`` (row i = passage i) in batches."""
         from pymilvus import DataType
         from tqdm.auto import tqdm
@@ -184,7 +184,7 @@ class MilvusRetriever:
 
     @classmethod
     def load(cls, directory: str | Path, corpus, encoder, verify: str | None = None, uri: str | None = None,
-             token: str | None = None, **runtime) -> "MilvusRetriever":
+             token: str | None = None, **runtime) -> MilvusRetriever:
         """Reopen a saved Milvus index; ``uri`` points it at another server holding the same collection."""
         d = Path(directory)
         meta = read_meta(d)

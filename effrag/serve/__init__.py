@@ -28,8 +28,15 @@ request bodies over ``max_body_bytes`` get 413 without being read.
 from __future__ import annotations
 
 from .app import create_app, error_response, one_line
-from .config import (LLMSection, MethodSection, RetrieverSection, ServeConfig, ServerSection, bundled_samples,
-                     load_config)
+from .config import (
+                     LLMSection,
+                     MethodSection,
+                     RetrieverSection,
+                     ServeConfig,
+                     ServerSection,
+                     bundled_samples,
+                     load_config,
+)
 from .server import add_serve_parser, main, serve
 from .service import Service, build_service
 

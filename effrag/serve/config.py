@@ -8,9 +8,6 @@ from typing import Any
 from effrag.pipelines.base import DEFAULT_METHOD, DEFAULT_RETRIEVER
 
 
-
-
-
 # ---------------------------------------------------------------------------- config
 @dataclass
 class RetrieverSection:

@@ -69,7 +69,6 @@ def _warm_up(source, path, method: str) -> None:
 def build_service(cfg: ServeConfig) -> Service:
     """Load the retriever, the method and the LLM named by ``cfg`` (slow: done once at startup)."""
     from effrag.integrations import ChunkSource
-
     from effrag.pipelines import build_pipeline, get_pipeline_class
     from effrag.setup import encoder_mismatch
 

@@ -15,8 +15,8 @@ import shutil
 from pathlib import Path
 from typing import NamedTuple
 
-from .checkpoint_files import STATE_NAME, CheckpointError, check_checkpoint
 from ..state_files import write_text_atomic
+from .checkpoint_files import STATE_NAME, CheckpointError, check_checkpoint
 from .config import Config, ConfigError
 
 RESULTS_NAME = "results.json"  # written last: its presence marks a finished run

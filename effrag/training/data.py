@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch.utils.data import Dataset, Sampler

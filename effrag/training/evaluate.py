@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from .build import make_accelerator
 from ..state_files import write_text_atomic
+from .build import make_accelerator
 from .config import Config, ConfigError
 from .data import Collator
 from .task_data import build_eval_dataset

@@ -16,7 +16,7 @@ from effrag.state_files import write_text_atomic
 def export_system(src: Path, dst: Path, figures: Path | None = None) -> dict:
     """An EfficientRAG system folder (``bash scripts/train_efficientrag.sh all``'s) into ``dst`` as it ships: encoders
     as int8 rows, loop configs, the source cards, ``README.md`` (:func:`shipped_card`) and ``export.json``."""
-    from effrag.models import FilterModel, LabelerModel, WEIGHTS_NAME, load_model
+    from effrag.models import WEIGHTS_NAME, FilterModel, LabelerModel, load_model
     from effrag.models.compact import COMPACT_NAME, has_compact_encoder
     from effrag.provenance import file_sha256, portable, provenance
 

@@ -23,8 +23,9 @@ import json
 import os
 import random
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from torch.utils.data import Dataset as TorchDataset
 

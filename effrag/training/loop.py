@@ -37,8 +37,15 @@ from torch.utils.data import DataLoader
 
 from ..provenance import portable
 from ..state_files import write_text_atomic
-from .build import (build_model, checkpoints_supported, make_accelerator, optimizer_groups, preflight, run_info,
-                    schedule_lengths)
+from .build import (
+    build_model,
+    checkpoints_supported,
+    make_accelerator,
+    optimizer_groups,
+    preflight,
+    run_info,
+    schedule_lengths,
+)
 from .checkpoint_files import read_checkpoint, seal_checkpoint, write_checkpoint
 from .checkpoints import RESULTS_NAME, checkpoint_dirs, config_changes, main_print, plan_start, prepare_output_dir
 from .config import Config, ConfigError, save_config

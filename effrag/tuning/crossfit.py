@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 CAPS = tuple(range(1, 11))
 # a rule's final choice among its set: best recall, the simplest within one standard error, or the cheapest cost

@@ -15,9 +15,10 @@ config within a budget. :func:`run_grid` runs a grid into a resumable tuning fol
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from ..evaluation.metrics import recall
 from ..pipelines.efficientrag import EfficientRAGConfig
@@ -339,10 +340,9 @@ def tuning_report(rows: Sequence[dict], best: dict | None, direct: Sequence[dict
                   chunk_budget: float | None, setup: dict[str, Any]) -> str:
     """``table.md``: every config ranked (Pareto front marked), the best within the budget, the recall curve."""
     import json
+    from dataclasses import asdict
 
     from ..evaluation.report import md_table
-
-    from dataclasses import asdict
 
     names = sorted({k for r in rows for k in r["changes"]})
     defaults = asdict(EfficientRAGConfig())  # a row written before an option existed leaves it out: its default

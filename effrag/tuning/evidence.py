@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 FORMAT = 1
 

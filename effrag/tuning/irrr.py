@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..state_files import write_text_atomic
 
@@ -128,7 +129,7 @@ def tune_irrr(model, data: str | Path, output: str | Path, *, datasets: Sequence
               f"{e['read']:.1f}"] + [f"{e[ds][m]:.4f}" if m in ("recall", "f1") else f"{e[ds][m]:.1f}"
                                      for ds in datasets for m in ("recall", "f1", "returned", "read")]
              for e in ranked]
-    write_text_atomic((output / "table.md"), 
+    write_text_atomic((output / "table.md"),
         f"IRRR tuning on the first {limit} dev questions per dataset, objective mean {objective}; "
         f"k={k}, max_path={max_path}, return_k={return_k}. Best first.\n\n"
         + md_table(head, [[str(c) for c in row] for row in table]))

@@ -9,8 +9,9 @@ same protocol (:mod:`.crossfit`): the figure to quote, never the in-sample one.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from .crossfit import choose, config_key, crossfit, ranker_factor_of
 from .loop_cost import cost_point, read_cost

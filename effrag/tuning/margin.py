@@ -13,7 +13,8 @@ baselines the pick was chosen from, so a report can say where the lead is within
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .crossfit import Candidates, standard_error, strongest
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 import itertools
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 
 def dev_logits(reader, data: str | Path, datasets: Sequence[str], limit: int | None) -> dict[str, list[tuple]]:

@@ -13,7 +13,8 @@ a pick the folds do not agree on is a pick of noise.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from .crossfit import folds
 

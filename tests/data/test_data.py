@@ -8,13 +8,21 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from effrag.data import (
-    Corpus, CorpusError, DataFormatError, Passage, build_corpus, detect_format, load_questions,
-    map_gold, passage_id, sample_files, sample_path,
-)
 from helpers import raw_records, write_jsonl
 
+from effrag.data import (
+    Corpus,
+    CorpusError,
+    DataFormatError,
+    Passage,
+    build_corpus,
+    detect_format,
+    load_questions,
+    map_gold,
+    passage_id,
+    sample_files,
+    sample_path,
+)
 
 # ---------------------------------------------------------------- loaders on real records
 

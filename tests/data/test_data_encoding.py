@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from effrag.data import Corpus, DataFormatError, load_questions, sample_path
 from helpers import raw_records, write_jsonl
 
+from effrag.data import Corpus, DataFormatError, load_questions, sample_path
 
 # ---------------------------------------------------------------- bytes that are not UTF-8
 

@@ -3,7 +3,6 @@ contexts, the tiny Labeler and Filter (tests/conftest.py), loaded once with thei
 from __future__ import annotations
 
 import pytest
-
 from helpers import bm25_over, hotpot_dev, loaded_models
 
 N_QUESTIONS = 5  # the questions most tests run

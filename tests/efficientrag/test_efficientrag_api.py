@@ -9,13 +9,13 @@ import argparse
 import json
 
 import pytest
+from helpers import fixed_heads
 
 from effrag.data import sample_path
 from effrag.pipelines.answers import parse_answer
 from effrag.pipelines.efficientrag import EfficientRAGConfig
 from effrag.pipelines.generation import Generator, format_knowledge, parse_judgement, prompt_name
 from effrag.prompts import fill
-from helpers import fixed_heads
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import hotpot_dev
 
 from effrag.data import Corpus
 from effrag.pipelines.efficientrag import EfficientRAGConfig, EfficientRAGLoop, build_config, int8_copy
-from helpers import hotpot_dev
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 

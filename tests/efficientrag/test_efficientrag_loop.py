@@ -12,10 +12,10 @@ import json
 import math
 
 import pytest
+from helpers import fixed_heads
 
 from effrag.pipelines.efficientrag import CONTINUE, TERMINATE, EfficientRAGConfig, EfficientRAGLoop, build_config
 from effrag.text import chunk_text, filter_input_words, join_words, words
-from helpers import fixed_heads
 
 # the fixtures (hotpot, retriever, questions, model_dirs, models): tests/efficientrag/conftest.py
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py

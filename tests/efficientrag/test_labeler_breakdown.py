@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import run_script
 
 from effrag.evaluation.labeler_breakdown import breakdown, read_records
-
-from helpers import run_script
 
 
 def _rec(qid, hop, query, tag):

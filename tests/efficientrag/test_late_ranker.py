@@ -7,10 +7,10 @@ import math
 
 import pytest
 import torch
-
-from effrag.models import FilterModel, LabelerModel, LateRankerModel, load_model
-from effrag.pipelines.efficientrag import EfficientRAGConfig, EfficientRAGLoop
 from helpers import bm25_over, hotpot_dev, tiny_bert_base
+
+from effrag.models import LateRankerModel, load_model
+from effrag.pipelines.efficientrag import EfficientRAGConfig, EfficientRAGLoop
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -6,11 +6,11 @@ import importlib.util
 
 import pytest
 import torch
+from helpers import REPO, tiny_bert_base
 from safetensors.torch import load_file
 
 from effrag.models import LateRankerModel
 from effrag.training.tasks import late_ranker as task
-from helpers import REPO, tiny_bert_base
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

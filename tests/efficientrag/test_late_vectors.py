@@ -10,11 +10,10 @@ import textwrap
 
 import pytest
 import torch
-
-from effrag.models import LateRankerModel, load_model
-from effrag.models import late_vectors
-from effrag.models.late_vectors import VectorStore, chunk_digest
 from helpers import hotpot_dev, tiny_bert_base
+
+from effrag.models import LateRankerModel, late_vectors, load_model
+from effrag.models.late_vectors import VectorStore, chunk_digest
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -149,9 +148,10 @@ def test_an_int8_copy_keeps_its_own_vectors(saved_late, chunks):
 def test_the_pipeline_encodes_a_corpus_at_its_first_opening_only(saved_late, tiny_efficientrag_dirs, tmp_path):
     """What `effrag eval`, `serve` and `retrieve` do: open the system over a corpus; a second opening loads every
     vector, and the loop's pools and scores are the first opening's, exactly."""
+    from helpers import bm25_over
+
     from effrag.pipelines.efficientrag import EfficientRAGConfig
     from effrag.pipelines.efficientrag.pipeline import EfficientRAGPipeline
-    from helpers import bm25_over
 
     questions = hotpot_dev(8)
     retriever = bm25_over(questions)
@@ -197,9 +197,10 @@ def test_a_store_that_cannot_be_written_warns_once_and_the_index_still_serves(sa
 def test_prepare_makes_the_vectors_at_the_length_the_loop_reads_them(saved_late, tiny_efficientrag_dirs):
     """With labeler_max_length set and ranker_max_length not, the loop reads the ranker at the Labeler's length: the
     vectors prepare makes are those, so no question encodes a chunk."""
+    from helpers import bm25_over
+
     from effrag.pipelines.efficientrag import EfficientRAGConfig, EfficientRAGLoop
     from effrag.pipelines.efficientrag.models import load_models
-    from helpers import bm25_over
 
     d = tiny_efficientrag_dirs
     lab, fil, rank = load_models(d["labeler"], d["filter"], "cpu", ranker=saved_late)

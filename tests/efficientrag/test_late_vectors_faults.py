@@ -60,9 +60,10 @@ def test_the_cli_refuses_an_infinite_cap_before_encoding_the_corpus(tiny_efficie
                                                                     monkeypatch):
     """`effrag eval --model SYSTEM` whose ranker is a late ranker, with EFFRAG_LATE_VECTORS_MAX_GB=inf: it was an
     OverflowError traceback once every chunk was encoded and stored; now one line, and no chunk encoded."""
+    from helpers import run_cli, tiny_bert_base
+
     from effrag.data import sample_path
     from effrag.models import LateRankerModel
-    from helpers import run_cli, tiny_bert_base
 
     system = tmp_path / "system"
     for name in ("labeler", "filter"):

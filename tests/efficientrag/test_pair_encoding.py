@@ -4,13 +4,13 @@ chunk read as text only never gets the words of its title-and-text reading from 
 from __future__ import annotations
 
 import pytest
+from helpers import fixed_heads, make_spm_tokenizer, make_wordpiece_tokenizer
 
 from effrag.models.heads import load_tokenizer, resolve_encoder
 from effrag.models.pair_encoding import PairEncoder, pair_encoder
 from effrag.models.tokenization import encode_pairs
 from effrag.pipelines.efficientrag import EfficientRAGConfig, EfficientRAGLoop
 from effrag.text import chunk_text, words, words_batch
-from helpers import fixed_heads, make_spm_tokenizer, make_wordpiece_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 

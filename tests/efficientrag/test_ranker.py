@@ -9,13 +9,13 @@ import math
 
 import pytest
 import torch
+from helpers import bm25_over, hotpot_dev
 
 from effrag.data import load_questions, sample_path
 from effrag.models import FilterModel, LabelerModel, RankerModel, load_model
 from effrag.models.ranker import listwise_loss
 from effrag.models.tokenization import IGNORE
 from effrag.pipelines.efficientrag import EfficientRAGConfig, EfficientRAGLoop
-from helpers import bm25_over, hotpot_dev
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -249,9 +249,8 @@ def test_ranker_data_is_deterministic_and_a_finished_output_is_reused(groups_dir
 
 
 def test_ranker_trains_with_train_py_and_learns_the_groups(groups_dir, tmp_path):
-    from transformers import AutoModel
-
     from helpers import tiny_bert_base
+    from transformers import AutoModel
 
     from effrag.training import load_config, train
 

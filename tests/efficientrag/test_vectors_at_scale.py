@@ -10,12 +10,11 @@ import shutil
 
 import pytest
 import torch
+from helpers import bm25_over, hotpot_dev, tiny_bert_base
 
-from effrag.models import LateRankerModel, load_model
-from effrag.models import late_vectors
+from effrag.models import LateRankerModel, late_vectors, load_model
 from effrag.models.late_codec import CODEC_NAME, ProductQuantizer
 from effrag.models.late_vectors import VectorStore, chunk_digest
-from helpers import bm25_over, hotpot_dev, tiny_bert_base
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import run_script
 
 from effrag.pipelines.efficientrag.system import dataset_config
-
-from helpers import run_script
 
 ROOT = Path(__file__).parents[2]
 

@@ -5,13 +5,21 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import run_script
 
 from effrag.pipelines.result import Chunk, Result
 from effrag.retrieval.base import Hit
-from effrag.tuning import (CachedModel, CachedRetriever, best_per_budget, best_within, candidates, direct_r_curve,
-                           model_fingerprint, parse_grid, score_results)
-
-from helpers import run_script
+from effrag.tuning import (
+    CachedModel,
+    CachedRetriever,
+    best_per_budget,
+    best_within,
+    candidates,
+    direct_r_curve,
+    model_fingerprint,
+    parse_grid,
+    score_results,
+)
 
 
 def test_parse_grid_products_and_types():
@@ -144,8 +152,8 @@ def test_run_grid_writes_the_tuning_folder_and_resumes(tiny_efficientrag_dirs, t
     import torch
 
     from effrag.data import sample_path
-    from effrag.setup import RunSetup
     from effrag.pipelines import build_pipeline
+    from effrag.setup import RunSetup
     from effrag.tuning import run_grid
 
     torch.set_num_threads(1)
@@ -218,8 +226,8 @@ def test_configs_that_differ_after_the_loop_share_one_run_and_score_as_alone(tin
     import torch
 
     from effrag.data import sample_path
-    from effrag.setup import RunSetup
     from effrag.pipelines import build_pipeline
+    from effrag.setup import RunSetup
     from effrag.tuning import loop_key, run_grid, score_results
 
     torch.set_num_threads(1)

@@ -15,10 +15,10 @@ import pytest
 
 os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")  # no posthog calls from tests
 
+from helpers import save_tiny_models  # noqa: E402
+
 from effrag.data import Corpus, load_questions, sample_path  # noqa: E402
 from effrag.integrations import ChunkSource, as_source  # noqa: E402
-
-from helpers import save_tiny_models  # noqa: E402
 
 K = 5
 

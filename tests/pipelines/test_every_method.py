@@ -76,10 +76,10 @@ def fake_llm():
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """The reader and IRRR model each method uses: the shipped ones by name once they ship, else tiny ones."""
+    from helpers import make_base
+
     from effrag.models import IRRRModel
     from effrag.models.reader import ExtractiveReader
-
-    from helpers import make_base
 
     root = tmp_path_factory.mktemp("stand-ins")
     base = None

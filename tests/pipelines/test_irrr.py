@@ -11,21 +11,20 @@ import json
 
 import pytest
 import torch
+from helpers import make_base
 
 from data_synthesis.irrr_oracle import make_rank_fn, oracle_query, overlapping_spans, path_segments
 from data_synthesis.irrr_steps import build_irrr_data
 from effrag.data import Corpus, Passage, build_corpus, load_questions, sample_path
-from effrag.training.tasks.base import group_collator
-from effrag.training.tasks.irrr import SEQ_KEYS, check_irrr_record, featurize_irrr, irrr_metrics, irrr_stats, STAT_NAMES
 from effrag.models import IRRRModel, load_model
 from effrag.models.irrr import NOANSWER, SPAN, YES, answerability
-from effrag.models.spans import best_spans
 from effrag.models.irrr_encoding import CONT_TOKEN, encode_path, find_answer
+from effrag.models.spans import best_spans
 from effrag.models.tokenization import IGNORE
 from effrag.retrieval.bm25 import BM25Retriever
 from effrag.text import words
-
-from helpers import make_base
+from effrag.training.tasks.base import group_collator
+from effrag.training.tasks.irrr import SEQ_KEYS, STAT_NAMES, check_irrr_record, featurize_irrr, irrr_metrics, irrr_stats
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import make_base, rigged_irrr
 
 from effrag.data import Corpus, Passage, load_questions, sample_path
 from effrag.models.irrr import NOANSWER, YES
 from effrag.pipelines.irrr import IRRRConfig, IRRRPipeline, IRRRRunner, outcome
 from effrag.pretrained import NAMES, NotShippedError
 from effrag.retrieval.bm25 import BM25Retriever
-from helpers import make_base, rigged_irrr
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
@@ -326,8 +326,9 @@ def test_irrr_crossfit_rows_score_the_replayed_paragraphs_at_every_cut():
 def test_the_shipped_irrr_all_runs_by_default_with_its_chosen_options(tmp_path, capsys):
     """``effrag eval --method irrr`` and ``effrag retrieve --method irrr`` with no model named run the shipped int8
     irrr-all with the options its irrr.json holds (chosen on the dev questions, cross-fitted)."""
-    from effrag.pretrained import pretrained_path
     from helpers import run_cli
+
+    from effrag.pretrained import pretrained_path
 
     shipped = pretrained_path("irrr-all")
     chosen = json.loads((shipped / "irrr.json").read_text())["config"]

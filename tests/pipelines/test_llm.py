@@ -17,9 +17,17 @@ import urllib.request
 import pytest
 
 from effrag.llm import (
-    Completion, JSONParseError, LLMError, LLMRequestError, LLMSpec, LLMUnavailableError, ResponseCache,
-    default_cache_path, load_llm,
-    parse_json_loose, parse_spec,
+    Completion,
+    JSONParseError,
+    LLMError,
+    LLMRequestError,
+    LLMSpec,
+    LLMUnavailableError,
+    ResponseCache,
+    default_cache_path,
+    load_llm,
+    parse_json_loose,
+    parse_spec,
 )
 
 # --------------------------------------------------------------------------- parse_json_loose

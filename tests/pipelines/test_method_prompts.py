@@ -17,7 +17,6 @@ from effrag.pipelines.searchain import parse_coq
 from effrag.pipelines.self_ask import Chain, _apply, _events
 from effrag.prompts import PROMPT_DIR, load_prompt
 
-
 # ------------------------------------------------------------------ prompts
 
 def _fewshot_questions() -> list[str]:

@@ -128,9 +128,9 @@ def reader(tmp_path_factory):
     import torch
     from accelerate.state import AcceleratorState, GradientState
 
+    from data_synthesis.reader_records import write_reader_data
     from effrag.models.reader import ExtractiveReader
     from effrag.training import load_config, train
-    from data_synthesis.reader_records import write_reader_data
 
     if (READER_CKPT / "heads.safetensors").is_file():
         return ExtractiveReader.from_pretrained(READER_CKPT)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import make_base, reset_accelerate, run_script
 
 from data_synthesis.reader_records import write_reader_data
 from effrag.data import sample_path
@@ -15,7 +16,6 @@ from effrag.models import ExtractiveReader, load_model
 from effrag.training import evaluate_only, load_config, train
 from effrag.training.data import RecordError, read_jsonl
 from effrag.training.tasks.reader import check_reader_record
-from helpers import make_base, reset_accelerate, run_script
 
 DATASETS = ("hotpotqa", "2wikimqa", "musique")
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py
@@ -51,9 +51,9 @@ def test_records_from_dataset_files_are_spans_and_no_answer_documents(data):
 
 
 def test_joint_records_come_one_per_distractor_count(tmp_path):
+    from data_synthesis.reader_records import build_reader_examples
     from effrag.data import load_questions
     from effrag.text import PASSAGE_SEPARATOR, reader_passage
-    from data_synthesis.reader_records import build_reader_examples
 
     questions = load_questions(sample_path("hotpotqa", "train"), limit=5)
     joint = lambda recs: [r for r in recs if PASSAGE_SEPARATOR in r["context"]]  # noqa: E731

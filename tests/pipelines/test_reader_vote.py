@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from helpers import make_base  # noqa: E402
 
 from effrag.models import ExtractiveReader, ReaderVote, load_model, load_reader, load_reader_checkpoint  # noqa: E402

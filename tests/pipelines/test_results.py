@@ -14,8 +14,16 @@ import pytest
 from effrag.data import Corpus, Question, load_questions, sample_path
 from effrag.evaluation import evaluate
 from effrag.llm import Completion
-from effrag.pipelines import (Chunk, Pipeline, Result, available_pipelines, build_pipeline, get_pipeline_class,
-                              llm_options, reader_options)
+from effrag.pipelines import (
+    Chunk,
+    Pipeline,
+    Result,
+    available_pipelines,
+    build_pipeline,
+    get_pipeline_class,
+    llm_options,
+    reader_options,
+)
 from effrag.pipelines.generation import Generator
 from effrag.prompts import PromptSet, fill, load_prompt
 from effrag.retrieval import BM25Retriever

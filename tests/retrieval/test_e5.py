@@ -264,9 +264,10 @@ def test_a_loop_config_tuned_over_e5_small_runs_over_it_wherever_it_is_opened(e5
     import shutil
     from pathlib import Path
 
+    from helpers import run_cli
+
     from effrag.api import EfficientRAG
     from effrag.data import build_corpus, sample_path
-    from helpers import run_cli
 
     system = tmp_path / "sys"
     for name in ("labeler", "filter"):

@@ -9,10 +9,10 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from helpers import run_cli
 
 from effrag.integrity import CorruptFileError, IntegrityError, NonFiniteWeightsError
 from effrag.retrieval.encoder import Encoder, check_encoder_weights, default_encoder_path
-from helpers import run_cli
 
 
 @pytest.fixture

@@ -7,8 +7,20 @@ import numpy as np
 import pytest
 
 from effrag.data import Corpus, Passage
-from effrag.retrieval import (BM25Retriever, DenseRetriever, Encoder, Hit, HybridRetriever, IndexMismatchError,
-                              Retriever, build_retriever, cached_retriever, encode_corpus, load_retriever, rrf_fuse)
+from effrag.retrieval import (
+    BM25Retriever,
+    DenseRetriever,
+    Encoder,
+    Hit,
+    HybridRetriever,
+    IndexMismatchError,
+    Retriever,
+    build_retriever,
+    cached_retriever,
+    encode_corpus,
+    load_retriever,
+    rrf_fuse,
+)
 
 PASSAGES = [
     ("Paris", "Paris is the capital and most populous city of France, on the river Seine."),

@@ -18,8 +18,15 @@ import pytest
 
 from effrag.cli import main as cli_main
 from effrag.data import Corpus, sample_path
-from effrag.retrieval import (BM25Retriever, DenseRetriever, Encoder, ShardedEmbeddings, build_retriever,
-                              encode_shards, load_retriever)
+from effrag.retrieval import (
+    BM25Retriever,
+    DenseRetriever,
+    Encoder,
+    ShardedEmbeddings,
+    build_retriever,
+    encode_shards,
+    load_retriever,
+)
 
 N_PASSAGES, SHARD = 80, 8
 N_SHARDS = N_PASSAGES // SHARD

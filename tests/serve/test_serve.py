@@ -13,9 +13,9 @@ import time
 
 import httpx
 import pytest
+from serve_helpers import SERVE_MAX_BATCH, SERVE_MAX_BODY, Server, bm25_config, clean_exit, post
 
 from effrag.data import build_corpus, sample_path
-from serve_helpers import SERVE_MAX_BATCH, SERVE_MAX_BODY, Server, bm25_config, clean_exit, post
 
 QUESTIONS_FILE = sample_path("hotpotqa", "dev")
 MAX_BATCH, MAX_BODY = SERVE_MAX_BATCH, SERVE_MAX_BODY

@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from serve_helpers import Server, bm25_config, clean_exit, post
 
 from effrag.data import build_corpus, sample_path
-from serve_helpers import Server, bm25_config, clean_exit, post
 
 QUESTIONS_FILE = sample_path("hotpotqa", "dev")
 

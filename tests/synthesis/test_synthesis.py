@@ -11,14 +11,13 @@ import pytest
 
 from data_synthesis.align import align, content_keys, key_matches
 from data_synthesis.annotation import annotate_question
-from effrag.jsonl import ResumableWriter, read_jsonl
-from effrag.text import INFO, passage_text
 from data_synthesis.negatives import context_negatives, mine_negatives, negative_queries
 from data_synthesis.pipeline import synthesize
 from data_synthesis.stats import compute_stats, format_table
 from effrag.data import Corpus, load_questions, sample_path
-from effrag.text import join_words, words
 from effrag.data.records import normalize_space
+from effrag.jsonl import ResumableWriter, read_jsonl
+from effrag.text import INFO, join_words, passage_text, words
 
 REPO = Path(__file__).resolve().parents[2]
 DATASETS = ("hotpotqa", "2wikimqa", "musique")

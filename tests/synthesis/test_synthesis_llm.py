@@ -13,12 +13,14 @@ import json
 import pytest
 
 from data_synthesis.llm_steps import (
-    LLMStepsConfig, SynthesisReject, decomposition_schema, synthesize_question_llm,
+    LLMStepsConfig,
+    SynthesisReject,
+    decomposition_schema,
+    synthesize_question_llm,
 )
 from effrag.data import load_questions, sample_path
 from effrag.llm import LLM, LLMError, LLMRequestError, load_llm
-from effrag.text import INFO, filter_input_words, passage_text
-from effrag.text import words
+from effrag.text import INFO, filter_input_words, passage_text, words
 
 
 @pytest.fixture(scope="module")

@@ -92,10 +92,10 @@ def test_shipped_names_resolve_and_an_unshipped_one_names_its_training_command(m
 def test_export_of_a_reader_or_irrr_checkpoint_loads_by_path(kind, tmp_path):
     """effrag.training.export.export_checkpoint (scripts/export_pretrained.py --kind reader|irrr): the folder that
     ships as reader-all / irrr-all."""
+    from helpers import make_base
+
     from effrag.models import IRRRModel, load_model, load_reader
     from effrag.models.reader import ExtractiveReader
-
-    from helpers import make_base
 
     cls = ExtractiveReader if kind == "reader" else IRRRModel
     src = tmp_path / "src"

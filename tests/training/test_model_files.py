@@ -121,9 +121,8 @@ def test_a_folder_whose_only_weights_are_pytorch_model_bin_is_refused_before_it_
     """Issue #46, 5: effrag reads safetensors only; a pickle-based weight file is refused in one line naming it, before
     torch opens it (its restricted loader would not run code, but the rule is effrag's own)."""
     import torch
-    from safetensors.torch import load_file
-
     from helpers import make_base
+    from safetensors.torch import load_file
 
     folder = Path(make_base("electra" if loader == "model.name_or_path" else "llama", tmp_path / "base"))
     weights = load_file(str(folder / "model.safetensors"))

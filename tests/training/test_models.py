@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import copy_records, filter_records, make_base
 
 from effrag.models import FilterModel, LabelerModel, load_model
 from effrag.models.tokenization import IGNORE, encode_pairs, encode_singles, pad_batch
-from helpers import copy_records, filter_records, make_base
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 

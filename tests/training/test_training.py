@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO, copy_records, launch_training, reset_accelerate, tiny_overrides, weights
 
 from effrag.models import FilterModel, LabelerModel, load_model
 from effrag.training import ConfigError, evaluate_only, load_config, train
 from effrag.training.data import RecordError, check_labeler_record, read_jsonl
-from helpers import REPO, copy_records, launch_training, reset_accelerate, tiny_overrides, weights
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py
 
@@ -54,6 +54,7 @@ def test_shipped_configs_load_with_paper_settings():
 
 def test_default_configs_ship_in_the_package_and_load_by_name():
     import fnmatch
+
     import tomllib
 
     from effrag import configs
@@ -233,8 +234,9 @@ def test_recipe_passes_labeler_only_overrides(tmp_path):
     installed teacher. The commands are those the recipe would run; nothing runs, nothing is installed."""
     import shlex
 
-    from effrag.training.cards import MODELS
     from helpers import run_script
+
+    from effrag.training.cards import MODELS
 
     shared = ["--data.max_train_examples", "100000"]
     # --force: a fresh run each (no --resume_from_checkpoint from runs/train/all); a dry run deletes nothing

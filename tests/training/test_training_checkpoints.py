@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import Killed, kill_during_step, read_log, reset_accelerate, tiny_overrides, weights
 
 from effrag.training import cli as train_cli
 from effrag.training import load_config, train
-from helpers import Killed, kill_during_step, read_log, reset_accelerate, tiny_overrides, weights
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py
 
@@ -101,7 +101,7 @@ def test_checkpoint_folder_holds_no_pickle(tiny, tmp_path, monkeypatch):
     state = json.loads((ckpt / "trainer_state.json").read_text())
     assert sorted(state["files"]) == [n for n in names if n != "trainer_state.json"]
     for n in names:  # none starts with a pickle opcode (b"\x80" protocol marker) or is a zip (torch.save)
-        assert not (ckpt / n).read_bytes()[:2] in (b"\x80\x02", b"\x80\x04", b"\x80\x05", b"PK")
+        assert (ckpt / n).read_bytes()[:2] not in (b"\x80\x02", b"\x80\x04", b"\x80\x05", b"PK")
 
 
 # -- §2, §3: changed bytes, truncated state ----------------------------------------------------------

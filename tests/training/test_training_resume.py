@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO, Killed, kill_during_step, launch_training, read_log, reset_accelerate, tiny_overrides, weights
 
 from effrag.training import ConfigError, load_config, train
-from helpers import REPO, Killed, kill_during_step, launch_training, read_log, reset_accelerate, tiny_overrides, weights
 
 ACCELERATE = str(Path(sys.executable).parent / "accelerate")
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # tests/conftest.py

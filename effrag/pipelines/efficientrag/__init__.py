@@ -10,8 +10,18 @@ registered pipeline, one module each.
 - :mod:`.system`: a trained system folder or shipped name (``labeler/``, ``filter/``, ``ranker/``, ``loop*.json``);
 - :mod:`.pipeline`: the registered ``efficientrag`` method, which is also the public ``effrag.EfficientRAG``.
 """
-from .config import (CONTINUE, DEDUP_MODES, POOL_OPTIONS, POOL_ORDERS, POOL_SOURCES, QUERY_MODES, RANK_QUERIES,
-                     TERMINATE, EfficientRAGConfig, build_config)
+from .config import (
+                     CONTINUE,
+                     DEDUP_MODES,
+                     POOL_OPTIONS,
+                     POOL_ORDERS,
+                     POOL_SOURCES,
+                     QUERY_MODES,
+                     RANK_QUERIES,
+                     TERMINATE,
+                     EfficientRAGConfig,
+                     build_config,
+)
 from .loop import EfficientRAGLoop
 from .models import int8_copy, load_models
 from .pool import rank_pool

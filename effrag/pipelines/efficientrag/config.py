@@ -270,14 +270,14 @@ class EfficientRAGConfig:
         return None if self.label_last_hop else "label_last_hop false"
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "EfficientRAGConfig":
+    def from_dict(cls, d: dict[str, Any]) -> EfficientRAGConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown EfficientRAGConfig option(s) {unknown}; known: {sorted(known)}")
         return cls(**d)
 
-    def replace(self, **changes: Any) -> "EfficientRAGConfig":
+    def replace(self, **changes: Any) -> EfficientRAGConfig:
         return self.from_dict({**asdict(self), **changes})
 
     def to_json(self) -> dict[str, Any]:

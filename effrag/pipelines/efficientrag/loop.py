@@ -28,9 +28,10 @@ from __future__ import annotations
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from effrag.text import chunk_text, filter_input_words, join_words, words, words_batch
 

@@ -14,16 +14,17 @@ itself is :mod:`.loop`.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..base import DEFAULT_RETRIEVER, Pipeline, register_pipeline
-from .loop import EfficientRAGLoop
-from .models import load_models
-from .config import EfficientRAGConfig, build_config, cli_flags
 from ..generation import Generator, answer_results
 from ..result import Result
+from .config import EfficientRAGConfig, build_config, cli_flags
+from .loop import EfficientRAGLoop
+from .models import load_models
 
 SET_RANKER_MISSING = ("set_ranker_top needs a set-wise pool ranker: a system folder with set-ranker/ "
                       "(scripts/train_set_ranker.sh), or set_ranker=DIR")
@@ -103,7 +104,7 @@ class EfficientRAGPipeline(Pipeline):
                         retriever: Any = None, *, corpus: Any = None,
                         config: EfficientRAGConfig | dict | str | None = None, dataset: str | None = None,
                         ranker: str | Path | None = None, generator: Any = None,
-                        vector_store: str | Path | bool | None = None, **options: Any) -> "EfficientRAGPipeline":
+                        vector_store: str | Path | bool | None = None, **options: Any) -> EfficientRAGPipeline:
         """A trained system: ``model`` is a system folder or a shipped name (``labeler/``, ``filter/``, ``[ranker/]``,
         ``loop.json``; :mod:`.system`), or, with ``filter_dir``, a Labeler checkpoint.
 

@@ -16,8 +16,9 @@ processes never write into one another's shards).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 
 def system_config_files(system: str | Path) -> list[Path]:

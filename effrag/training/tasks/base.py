@@ -1,9 +1,9 @@
 """The Task record, the registry, and the token statistics every word-tagging task shares."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Sequence
 
 import torch
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from ...models.irrr import ANSWER_TYPES, NOANSWER, IRRRModel
-from ...models.spans import best_spans
 from ...models.irrr_encoding import find_answer
+from ...models.spans import best_spans
 from ...models.tokenization import IGNORE
 from .base import TOKEN_STATS, Task, group_collator, ratio, register_task, token_metrics, token_stats
 

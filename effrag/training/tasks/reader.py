@@ -16,11 +16,10 @@ import re
 
 import torch
 
-from ...models.reader import ANSWER_TYPES, CONFIDENCE_THRESHOLD, IGNORE, ExtractiveReader, YES_NO, span_loss
+from ...models.reader import ANSWER_TYPES, CONFIDENCE_THRESHOLD, IGNORE, YES_NO, ExtractiveReader, span_loss
 from ...models.spans import best_spans
 from ..data import RecordError
 from .base import Task, ratio, register_task
-
 
 
 # -- the task --------------------------------------------------------------------------------------

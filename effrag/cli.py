@@ -298,9 +298,9 @@ def _cmd_eval(args) -> None:
     from effrag.cli_args import method_options
     from effrag.data.aliases import apply_aliases
     from effrag.evaluation import evaluate, markdown_table
-    from effrag.pipelines import build_pipeline, dataset_option, get_pipeline_class, llm_options, reader_options
+    from effrag.pipelines import get_pipeline_class, llm_options, reader_options
     from effrag.pretrained import resolve_model
-    from effrag.setup import RunSetup, encoder_mismatch
+    from effrag.setup import RunSetup
     from effrag.tuning import model_fingerprint
 
     run_config.finish(args)  # --config's --k, unless given here
@@ -312,34 +312,30 @@ def _cmd_eval(args) -> None:
         raise ValueError("give --llm or --reader for the answers, not both")
     # the reader loads before the corpus and index, so a bad checkpoint fails at once
     reader_opts = reader_options(cls, args.reader, args.reader_mode == "together", args.reader_context)
-    cls.check_options(**method_options(args))  # a bad loop option fails before the index is built, too
+    method_opts = method_options(args)
+    # the method resolved once (a bad loop option fails before the index is built); a method whose depth lives in
+    # its own config (EfficientRAG's hop_k in --er-config) keeps it unless --k is given
+    depth = dict(k=max(ks) if args.k else None, default_k=max(ks))
+    plan = cls.plan(method_opts, dataset=args.dataset, **depth)
     if args.retriever is None and args.index is None:  # e.g. the retriever EfficientRAG's loop config was tuned for
-        args.retriever = cls.default_retriever(**method_options(args), **dataset_option(cls, args.dataset))
+        args.retriever = plan.retriever
     if args.encoder is None and args.index is None:  # and the encoder of its dense leg (e5-small for the shipped one)
-        args.encoder = cls.default_encoder(**method_options(args), **dataset_option(cls, args.dataset))
+        args.encoder = plan.encoder
     setup = RunSetup.from_args(args)
     run_config.check_corpus(args, setup.identity())
     answer_aliases = apply_aliases(args, setup.questions)  # extends 2Wiki answers in place when --aliases is given
     if setup.missing_gold_warning():
         print(f"effrag: warning: {setup.missing_gold_warning()}", file=sys.stderr)
     questions, retriever, kind = setup.questions, setup.retriever, setup.kind
-    method_opts = method_options(args)
-    tuned = cls.default_retriever(**method_opts, **dataset_option(cls, questions[0].dataset))
-    if tuned and kind and {tuned, kind} != {"dense", "milvus"} and tuned != kind:  # milvus holds dense vectors
-        print(f"effrag: warning: the {args.method} loop config was tuned over a {tuned} retriever; this run uses "
-              f"{kind}{f' (index {args.index})' if args.index else ''}, whose candidates it was not tuned on",
-              file=sys.stderr)
-    mismatch = encoder_mismatch(cls.default_encoder(**method_opts, **dataset_option(cls, questions[0].dataset)),
-                                retriever, args.method)
-    if mismatch:
-        print(f"effrag: warning: {mismatch}", file=sys.stderr)
+    if cls.uses_dataset and questions[0].dataset != plan.dataset:  # the settings for the questions' own dataset
+        plan = cls.plan(method_opts, dataset=questions[0].dataset, **depth)
+    for warning in plan.warnings(kind, retriever, args.index):
+        print(f"effrag: warning: {warning}", file=sys.stderr)
     # --llm and the questions' dataset (few-shot prompts), as the method declares it uses them
     llm_opts = {key: v for key, v in llm_options(cls, args.llm, questions[0].dataset).items()
                 if key not in method_opts}
     llm_opts.update(reader_opts)
-    # a method whose depth lives in its own config (EfficientRAG's hop_k in --er-config) keeps it unless --k is given
-    k = max(ks) if args.k or not getattr(cls, "k_in_config", False) else None
-    pipeline = build_pipeline(args.method, retriever, k=k, **method_opts, **llm_opts)
+    pipeline = plan.build(retriever, **llm_opts)
     if getattr(pipeline, "config_source", None):  # e.g. EfficientRAG's loop-<dataset>.json for these questions
         print(f"effrag: {pipeline.name} loop config: {pipeline.config_source}", file=sys.stderr)
     out = Path(args.output)

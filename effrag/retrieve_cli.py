@@ -71,9 +71,8 @@ def read_questions(args) -> list[str]:
 
 
 def _method_options(cls, args) -> dict[str, Any]:
-    """The method's keywords: its trained system and settings file (a method that ``uses_system``), ``k``, and the
-    answer step."""
-    from effrag.pipelines import available_pipelines, get_pipeline_class, llm_options, reader_options
+    """The method's keywords: its trained system and settings file (a method that ``uses_system``)."""
+    from effrag.pipelines import available_pipelines, get_pipeline_class
 
     opts: dict[str, Any] = {}
     if cls.uses_system:
@@ -81,11 +80,14 @@ def _method_options(cls, args) -> dict[str, Any]:
     elif args.model or args.er_config:
         takers = [n for n in available_pipelines() if get_pipeline_class(n).uses_system]
         raise ValueError(f"--model and --er-config apply to --method {' / '.join(takers)}, not {cls.name}")
-    if args.k or not cls.k_in_config:  # a method with its own depth keeps it unless --k is given
-        opts["k"] = args.k or 10
-    opts.update(llm_options(cls, args.llm, None))
-    opts.update(reader_options(cls, args.reader))
     return opts
+
+
+def _answer_options(cls, args) -> dict[str, Any]:
+    """The answer step's keywords: ``--llm`` or ``--reader``."""
+    from effrag.pipelines import llm_options, reader_options
+
+    return {**llm_options(cls, args.llm, None), **reader_options(cls, args.reader)}
 
 
 def _row(result, score_name: str = "score") -> dict[str, Any]:
@@ -127,17 +129,17 @@ def _text(row: dict[str, Any], score_name: str = "score") -> str:
 
 
 def _cmd_retrieve(args) -> None:
-    from effrag.pipelines import build_pipeline, get_pipeline_class
-    from effrag.setup import encoder_mismatch, open_index
+    from effrag.pipelines import get_pipeline_class
+    from effrag.setup import open_index
 
     questions = read_questions(args)  # before any model or index loads: a bad file fails at once
     cls = get_pipeline_class(args.method)
-    opts = _method_options(cls, args)
+    plan = cls.plan(_method_options(cls, args), k=args.k, default_k=10)  # its own depth unless --k is given
+    answer = _answer_options(cls, args)
     retriever = open_index(args.index)
-    mismatch = encoder_mismatch(cls.default_encoder(**opts), retriever, args.method)
-    if mismatch:  # e.g. the shipped system (tuned over e5-small) over an index built with MiniLM
-        print(f"effrag: warning: {mismatch}", file=sys.stderr)
-    pipeline = build_pipeline(args.method, retriever, **opts)
+    for warning in plan.warnings(None, retriever):  # e.g. the shipped system (tuned over e5-small) over a MiniLM index
+        print(f"effrag: warning: {warning}", file=sys.stderr)
+    pipeline = plan.build(retriever, **answer)
     for start in range(0, len(questions), BATCH):
         for result in pipeline.run_batch(questions[start:start + BATCH]):
             row = _row(result, cls.chunk_score_name)

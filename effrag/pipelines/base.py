@@ -117,15 +117,17 @@ class Pipeline:
         raise ValueError(f"method {cls.name!r} loads no trained system")
 
     @classmethod
-    def default_retriever(cls, **opts: Any) -> str | None:
-        """The retriever kind the method's own settings were tuned for, used when none is named (default: none)."""
-        return None
+    def plan(cls, options: dict[str, Any] | None = None, *, dataset: str | None = None, k: int | None = None,
+             default_k: int | None = None):
+        """The method resolved once for ``dataset``'s questions (:class:`.plan.Plan`): ``options`` checked before
+        any corpus or index is built, the retriever and encoder its settings were tuned over (default: none), and
+        the depth to pass (``k``, else ``default_k`` unless ``k_in_config``). Every front door plans, sets up the
+        retriever, then builds (:meth:`.plan.Plan.build`)."""
+        from .plan import Plan, depth
 
-    @classmethod
-    def default_encoder(cls, **opts: Any) -> str | None:
-        """The dense encoder (an alias) the method's own settings were tuned over, used to build a dense or hybrid
-        retriever when no ``--encoder`` is named (default: none, the library's)."""
-        return None
+        opts = dict(options or {})
+        cls.check_options(**opts)
+        return Plan(cls, opts, dataset, k=depth(cls, k, default_k))
 
 
 def dataset_option(cls: type[Pipeline], dataset: str | None) -> dict[str, Any]:

@@ -69,30 +69,25 @@ def _warm_up(source, path, method: str) -> None:
 def build_service(cfg: ServeConfig) -> Service:
     """Load the retriever, the method and the LLM named by ``cfg`` (slow: done once at startup)."""
     from effrag.integrations import ChunkSource
-    from effrag.pipelines import build_pipeline, get_pipeline_class
-    from effrag.setup import encoder_mismatch
+    from effrag.pipelines import get_pipeline_class
 
     t0 = time.perf_counter()
     r, m = cfg.retriever, cfg.method
     cls = get_pipeline_class(m.name)
     what = f"retriever.index {r.index}" if r.index else f"retriever.corpus {r.corpus}" if r.corpus else "retriever"
-    with _load_errors(cfg.path, f"method {m.name}"):  # the encoder the method's settings were tuned over
-        tuned = cls.default_encoder(**m.checkpoints(), **{key: v for key, v in m.options.items()
-                                                         if key in ("config", "er_config")})
-    if tuned and not r.index and "encoder" not in r.options:
-        r = dataclasses.replace(r, options={**r.options, "encoder": tuned})
+    with _load_errors(cfg.path, f"method {m.name}"):  # resolved once: its depth, the encoder it was tuned over
+        plan = cls.plan({**m.checkpoints(), **m.options}, default_k=m.k)
+    if plan.encoder and not r.index and "encoder" not in r.options:
+        r = dataclasses.replace(r, options={**r.options, "encoder": plan.encoder})
     with _load_errors(cfg.path, what):
         setup = open_setup(r)
     retriever, corpus = setup.retriever, setup.corpus
     if cls.slice_k and not m.options and not m.checkpoints():  # one search (Direct-R): per-request top_k reaches the
         source = ChunkSource(retriever, k=m.k)                  # retriever, every k a prefix of the deepest
     else:  # any registered method; its depth stays in its own config when it keeps one there
-        k = None if cls.k_in_config else m.k
-        checkpoints = m.checkpoints()
-        what = " / ".join(f"method.{key} {v}" for key, v in checkpoints.items()) or f"method {m.name}"
+        what = " / ".join(f"method.{key} {v}" for key, v in m.checkpoints().items()) or f"method {m.name}"
         with _load_errors(cfg.path, what):
-            source = ChunkSource(build_pipeline(m.name, retriever, **({"k": k} if k else {}), **checkpoints,
-                                                **m.options))
+            source = ChunkSource(plan.build(retriever))
     generator = None
     if cfg.llm is not None:
         from effrag.llm import load_llm
@@ -102,9 +97,8 @@ def build_service(cfg: ServeConfig) -> Service:
                               context=cfg.llm.context, max_tokens=cfg.llm.max_tokens, max_chunks=cfg.llm.max_chunks)
     with _load_errors(cfg.path, f"method {m.name} over {what}"):
         _warm_up(source, cfg.path, m.name)
-    mismatch = encoder_mismatch(tuned, retriever, m.name)  # said once the service can start: an error stays one line
-    if mismatch:
-        logging.getLogger(__name__).warning("%s: %s", cfg.path, mismatch)
+    for warning in plan.warnings(None, retriever):  # said once the service can start: an error stays one line
+        logging.getLogger(__name__).warning("%s: %s", cfg.path, warning)
     from effrag.models.encoders import encoder_alias
     from effrag.setup import encoder_path
 

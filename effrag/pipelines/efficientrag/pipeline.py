@@ -177,15 +177,33 @@ class EfficientRAGPipeline(Pipeline):
         return build_config(config, batch_size=er_batch_size, **options)
 
     @classmethod
-    def check_options(cls, labeler=None, filter=None, config=None, k=None, er_config=None, er_batch_size=None,
-                      er_bf16=None, ranker=None, model=None, dataset=None, **options: Any) -> None:
-        _, _, ranker, config, own_set = cls._resolve(model, labeler, filter, ranker, config or er_config, dataset)
-        cfg = cls._config(config, k, er_batch_size, er_bf16, **options)
+    def check_options(cls, **options: Any) -> None:
+        cls.plan(options, dataset=options.pop("dataset", None))
+
+    @classmethod
+    def plan(cls, options: dict[str, Any] | None = None, *, dataset: str | None = None, k: int | None = None,
+             default_k: int | None = None):
+        """The system resolved once for ``dataset``'s questions (its ``loop-<dataset>.json``, else ``loop.json``), the
+        options checked against it, and the retriever and encoder that loop config was tuned over."""
+        from effrag.pipelines.plan import Plan, depth
+
+        from .system import config_encoder, config_retriever
+
+        opts = dict(options or {})
+        get = opts.get
+        _, _, ranker, config, own_set = cls._resolve(get("model"), get("labeler"), get("filter"), get("ranker"),
+                                                     get("config") or get("er_config"), dataset)
+        loop_options = {key: v for key, v in opts.items() if key not in (
+            "labeler", "filter", "config", "k", "er_config", "er_batch_size", "er_bf16", "ranker", "model")}
+        cfg = cls._config(config, get("k"), get("er_batch_size"), get("er_bf16"), **loop_options)
         needs = cfg.needs_ranker()
         if needs and ranker is None:
             raise ValueError(f"{needs} needs a pool ranker (--ranker DIR, or a system folder with ranker/)")
         if cfg.set_ranker_top and own_set is None:
             raise ValueError(SET_RANKER_MISSING)
+        settings = config if isinstance(config, (str, Path)) else None
+        return Plan(cls, opts, dataset, config_retriever(settings), config_encoder(settings), depth(cls, k, default_k),
+                    None if settings is None else str(settings))
 
     @classmethod
     def check_file_options(cls, checkpoints: dict[str, Any], options: dict[str, Any], where: str,
@@ -220,30 +238,6 @@ class EfficientRAGPipeline(Pipeline):
                     read_effrag_config(checkpoints[key])
                 except (OSError, ValueError) as e:
                     raise ValueError(f"{where}: {prefix}{key}: {' '.join(str(e).split())}") from None
-
-    @classmethod
-    def default_retriever(cls, labeler=None, filter=None, config=None, er_config=None, model=None,
-                          dataset: str | None = None, **options: Any) -> str | None:
-        """The retriever the loop config was tuned for (``effrag eval`` builds it when ``--retriever`` is not given):
-        that of the config the pipeline runs for ``dataset``'s questions."""
-        from .system import config_retriever
-
-        return config_retriever(cls._config_file(model, labeler, filter, config or er_config, dataset))
-
-    @classmethod
-    def default_encoder(cls, labeler=None, filter=None, config=None, er_config=None, model=None,
-                        dataset: str | None = None, **options: Any) -> str | None:
-        """The encoder alias the loop config was tuned over (its ``"encoder"``; ``effrag eval`` builds the dense
-        leg with it when ``--encoder`` is not given)."""
-        from .system import config_encoder
-
-        return config_encoder(cls._config_file(model, labeler, filter, config or er_config, dataset))
-
-    @classmethod
-    def _config_file(cls, model, labeler, filter, config, dataset: str | None) -> str | Path | None:
-        """The loop config file the pipeline would run for ``dataset``'s questions (None: options given in code)."""
-        config = cls._resolve(model, labeler, filter, None, config, dataset)[3]
-        return config if isinstance(config, (str, Path)) else None
 
     config = property(lambda self: self.loop.config, lambda self, cfg: setattr(self.loop, "config", cfg),
                       doc="The loop's options (assigning a new config changes the loop's).")

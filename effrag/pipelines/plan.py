@@ -9,10 +9,7 @@ so the method's own system folder is read once. Anchor: ColBERT's ``Searcher`` w
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .base import Pipeline
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -24,7 +21,7 @@ class Plan:
     ``cls(...)``, None where the method keeps its own (``k_in_config``) and the caller gave none. ``settings``: the
     settings file the method runs (EfficientRAG's ``loop-<dataset>.json``), for the door to say which."""
 
-    cls: type[Pipeline]
+    cls: type  # a Pipeline subclass (not imported here: base.py imports this module)
     options: dict[str, Any] = field(default_factory=dict)
     dataset: str | None = None
     retriever: str | None = None
@@ -49,14 +46,14 @@ class Plan:
             out.append(mismatch)
         return out
 
-    def build(self, retriever: Any, **extra: Any) -> Pipeline:
+    def build(self, retriever: Any, **extra: Any) -> Any:
         """The method over ``retriever`` with the planned options and depth; ``extra``: what the door adds (an LLM,
         an answer step), never an option the caller already set."""
         opts = {**({"k": self.k} if self.k is not None else {}), **self.options}
         return self.cls(retriever, **opts, **{key: v for key, v in extra.items() if key not in opts})
 
 
-def depth(cls: type[Pipeline], k: int | None, default_k: int | None) -> int | None:
+def depth(cls: type, k: int | None, default_k: int | None) -> int | None:
     """The depth a door passes: the caller's ``k``; else ``default_k``, unless the method keeps its own depth."""
     if k is not None:
         return k

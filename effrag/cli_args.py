@@ -20,9 +20,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from effrag.data.loaders import MULTIHOP_DATASETS
 from effrag.setup import RETRIEVER_KINDS, default_cache_dir
 
-DATASETS = ("hotpotqa", "2wikimqa", "musique")
+DATASETS = MULTIHOP_DATASETS  # --datasets' default
 
 
 def positive_int(text: str) -> int:
@@ -109,11 +110,18 @@ def method_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 
+def add_data_dir_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--data DIR``, the one spelling of the dataset folder (``<dataset>/{train,dev}.jsonl``; env ``DATA``, default
+    ``../shared/data``), as ``args.data``, a :class:`~pathlib.Path`. ``--data-dir``, the old spelling of six
+    scripts, still works."""
+    p.add_argument("--data", "--data-dir", dest="data", type=Path, default=Path(os.environ.get("DATA", "../shared/data")),
+                   metavar="DIR", help="folder with <dataset>/{train,dev}.jsonl (env DATA; default ../shared/data)")
+
+
 def add_data_args(p: argparse.ArgumentParser, *, datasets: tuple[str, ...] = DATASETS, limit: bool = True) -> None:
-    """``--data DIR`` (``<dataset>/{train,dev}.jsonl``; env ``DATA``), ``--datasets`` and ``--limit N``."""
+    """``--data DIR`` (:func:`add_data_dir_arg`), ``--datasets`` and ``--limit N``."""
     g = p.add_argument_group("data")
-    g.add_argument("--data", default=os.environ.get("DATA", "../shared/data"), metavar="DIR",
-                   help="folder with <dataset>/{train,dev}.jsonl (env DATA; default ../shared/data)")
+    add_data_dir_arg(g)
     g.add_argument("--datasets", nargs="+", default=list(datasets), metavar="NAME",
                    help=f"datasets under --data (default: {' '.join(datasets)})")
     if limit:

@@ -33,9 +33,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from effrag.data.loaders import MULTIHOP_DATASETS
 from effrag.pipelines.base import DEFAULT_RETRIEVER
 
-DATASETS = ("hotpotqa", "2wikimqa", "musique")
+DATASETS = MULTIHOP_DATASETS
 KINDS = ("bm25", "dense", "hybrid")
 ENCODED = ("dense", "hybrid")  # the kinds with a dense encoder
 SHORT_ENCODER = {"e5-small": "e5"}  # a Direct-R row's retriever name: hybrid-e5 (the table stays 80 columns wide)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see effrag.retrieval.encoder
 
+from effrag.cli_args import DATASETS
 from effrag.evaluation import evaluate, markdown_table
 from effrag.pipelines import build_pipeline
 from effrag.provenance import provenance, report_source
@@ -30,7 +31,7 @@ from effrag.setup import RunSetup, dataset_file, default_cache_dir
 def run(args) -> list[dict]:
     entries: list[dict] = []
     for ds in args.datasets:
-        train, dev = dataset_file(args.data_dir, ds, "train"), dataset_file(args.data_dir, ds, "dev")
+        train, dev = dataset_file(args.data, ds, "train"), dataset_file(args.data, ds, "dev")
         for kind in args.retrievers:
             t0 = time.perf_counter()
             setup = RunSetup.build(dev, limit=args.limit, corpus_from=[train], retriever=kind, encoder=args.encoder,
@@ -71,12 +72,12 @@ def write_report(entries: list[dict], args, argv: list[str], commit: str) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    from effrag.cli_args import add_source_args
+    from effrag.cli_args import add_data_dir_arg, add_source_args
 
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
-    p.add_argument("--datasets", nargs="+", default=["hotpotqa", "2wikimqa", "musique"])
+    add_data_dir_arg(p)
+    p.add_argument("--datasets", nargs="+", default=list(DATASETS))
     p.add_argument("--retrievers", nargs="+", default=["dense", "bm25"], choices=["dense", "bm25", "hybrid"])
     p.add_argument("--k", nargs="+", type=int, default=[10, 20, 30])
     p.add_argument("--encoder", help="local encoder folder or alias (default all-MiniLM-L6-v2; e5-small)")

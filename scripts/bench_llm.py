@@ -104,7 +104,7 @@ def measure(llm, generator_cls, questions, chunks, dataset: str, batched: bool) 
 def main(argv=None) -> int:
     import torch
 
-    from effrag.cli_args import add_source_args
+    from effrag.cli_args import add_data_dir_arg, add_source_args
     from effrag.evaluation.metrics import exact_match, f1
     from effrag.hardware import usable_cores
     from effrag.llm import default_gguf_path
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dataset", default="hotpotqa")
-    p.add_argument("--data-dir", default="../shared/data")
+    add_data_dir_arg(p)
     p.add_argument("--n", type=int, default=16, help="first N dev questions")
     p.add_argument("--k", type=int, default=5, help="Direct-R chunks per prompt")
     p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     threads = args.threads or usable_cores()
     torch.set_num_threads(threads)
     gguf = Path(args.gguf) if args.gguf else default_gguf_path()  # "auto" re-quantizes only the default model
-    data = Path(args.data_dir) / args.dataset
+    data = Path(args.data) / args.dataset
     setup = RunSetup.build(data / "dev.jsonl", corpus_from=[data / "train.jsonl"], retriever="dense", limit=args.n)
     questions = setup.texts
     chunks = [[setup.corpus[h.id] for h in hits] for hits in setup.retriever.search(questions, args.k)]

@@ -60,11 +60,11 @@ VARIANTS = {
 
 
 def main(argv=None) -> int:
-    from effrag.cli_args import add_source_args
+    from effrag.cli_args import add_data_dir_arg, add_source_args
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dataset", default="hotpotqa")
-    p.add_argument("--data-dir", default="../shared/data")
+    add_data_dir_arg(p)
     p.add_argument("--limit", type=int, default=64, help="first N dev questions")
     p.add_argument("--batch", type=int, default=16, help="questions per loop.run in the batched run")
     p.add_argument("--single", type=int, default=8, help="questions run one at a time")
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     logging.getLogger("effrag.models").setLevel(logging.ERROR)
     logging.getLogger("effrag.hardware").setLevel(logging.ERROR)
 
-    data = Path(args.data_dir) / args.dataset
+    data = Path(args.data) / args.dataset
     device_name = (f"GPU {torch.cuda.get_device_name(0)}, torch {torch.__version__}" if args.device == "cuda"
                    else f"CPU, torch threads {torch.get_num_threads()}")
     t0 = time.perf_counter()

@@ -33,7 +33,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 
-DATASETS = ("hotpotqa", "2wikimqa", "musique")
+from effrag.cli_args import DATASETS  # noqa: E402
+
 K = 10
 
 
@@ -58,12 +59,12 @@ def prepare_pooled(args, work: Path) -> None:
     if (work / "base.npy").is_file() and (work / "queries.npy").is_file():
         return
     t0 = time.perf_counter()
-    pooled = RunSetup.build(corpus_from=pooled_files(args.data_dir), retriever="dense", bf16=True, index_type="flat",
+    pooled = RunSetup.build(corpus_from=pooled_files(args.data), retriever="dense", bf16=True, index_type="flat",
                             retriever_options={"gpu": False})
     corpus, flat = pooled.corpus, pooled.retriever
     print(f"pooled corpus {len(corpus)} passages, flat index ready in {time.perf_counter() - t0:.0f} s", flush=True)
     np.save(work / "base.npy", flat._cpu_index.reconstruct_n(0, flat._cpu_index.ntotal))
-    qs = [q.question for d in DATASETS for q in load_questions(Path(args.data_dir) / d / "dev.jsonl")[:300]]
+    qs = [q.question for d in DATASETS for q in load_questions(Path(args.data) / d / "dev.jsonl")[:300]]
     np.save(work / "queries.npy", flat.encoder.encode_queries(qs))
     (work / "pooled.json").write_text(json.dumps({"n": len(corpus), "fingerprint": corpus.fingerprint()}))
 
@@ -217,7 +218,7 @@ def build_backend_dirs(args, work: Path, backends: list[str]) -> dict[str, Path]
     """Saved index folders over the pooled corpus, one per backend, filled from base.npy (no re-encoding)."""
     from effrag.setup import RunSetup
 
-    pooled = RunSetup.build(corpus_from=pooled_files(args.data_dir), retriever=None)  # the corpus; indexes below
+    pooled = RunSetup.build(corpus_from=pooled_files(args.data), retriever=None)  # the corpus; indexes below
     emb = np.load(work / "base.npy", mmap_mode="r")
     dirs = {}
     for b in backends:
@@ -248,7 +249,7 @@ def part_e2e(args, out: Path, work: Path) -> None:
             if r.get("part") == "e2e" and "error" not in r:
                 done.add((r["dataset"], r["method"], r["backend"], r["n"]))
     for ds in DATASETS:
-        dev = Path(args.data_dir) / ds / "dev.jsonl"
+        dev = Path(args.data) / ds / "dev.jsonl"
         for method, limit in (("direct-r", args.e2e_limit), ("efficientrag", args.er_limit)):
             if not limit:
                 continue
@@ -323,7 +324,7 @@ def write_table(out: Path) -> None:
 
 
 def main() -> None:
-    from effrag.cli_args import add_source_args
+    from effrag.cli_args import add_data_dir_arg, add_source_args
     from effrag.provenance import report_source
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -331,7 +332,7 @@ def main() -> None:
     p.add_argument("--checkpoints", default="checkpoints/efficientrag-all", help="labeler/, filter/, loop-<ds>.json")
     p.add_argument("--e2e-limit", type=int, default=200, help="Direct-R: first N dev questions per dataset")
     p.add_argument("--er-limit", type=int, default=50, help="EfficientRAG: first N dev questions per dataset")
-    p.add_argument("--data-dir", default="../shared/data")
+    add_data_dir_arg(p)
     p.add_argument("--output", default="reports/scale")
     p.add_argument("--work", default=None,
                    help="scratch folder for vectors, GBs at 5M (default $TMPDIR/effrag-scale, outside the repo)")

@@ -29,6 +29,8 @@ import threading
 import time
 from pathlib import Path
 
+from effrag.cli_args import DATASETS
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,7 +140,7 @@ def make_data(args) -> dict:
 
     work = args.work
     synth = work / "synth"
-    inputs = [args.data_dir / d / "train.jsonl" for d in ("hotpotqa", "2wikimqa", "musique")]
+    inputs = [args.data_dir / d / "train.jsonl" for d in DATASETS]
     if not (synth / "dataset" / "labeler" / "state.json").is_file():
         synthesize(inputs, synth, retriever="bm25", output_format="both", show_progress=False)
     lines = (synth / "labeler.jsonl").read_text(encoding="utf-8").splitlines()

@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from effrag.cli_args import DATASETS
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REAL = 2048
 READS = 47
@@ -49,7 +51,7 @@ def dev_text(data: Path) -> tuple[list[str], list[str]]:
     from effrag.data import load_questions
 
     qs, ps = [], []
-    for d in ("hotpotqa", "2wikimqa", "musique"):
+    for d in DATASETS:
         for q in load_questions(data / d / "dev.jsonl"):
             qs.append(q.question)
             ps += [f"{p.title} {p.text}" for p in q.contexts]
@@ -124,11 +126,11 @@ def measure(size: int, folder: Path, data: Path, questions: int) -> dict:
 
 
 def main(argv=None) -> None:
-    from effrag.cli_args import add_source_args
+    from effrag.cli_args import add_data_dir_arg, add_source_args
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 200_000, 1_000_000])
-    ap.add_argument("--data", type=Path, default=Path("../shared/data"))
+    add_data_dir_arg(ap)
     ap.add_argument("--work", type=Path, default=Path("runs/bench-vector-store"))
     ap.add_argument("--questions", type=int, default=64)
     ap.add_argument("--out", type=Path, default=Path("reports/scale/vector-store"))

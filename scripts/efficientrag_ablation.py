@@ -20,6 +20,7 @@ import json
 import sys
 from pathlib import Path
 
+from effrag.cli_args import DATASETS
 from effrag.evaluation.report import md_table
 
 
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
     from effrag.tuning.loop_configs import read_rows
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--datasets", nargs="+", default=["hotpotqa", "2wikimqa", "musique"])
+    p.add_argument("--datasets", nargs="+", default=list(DATASETS))
     p.add_argument("--row", action="append", required=True, metavar="LABEL=DIR_TEMPLATE[:KEY=VALUE,...]")
     p.add_argument("--budgets", type=int, nargs="+", default=[7, 10])
     p.add_argument("--folds", type=int, default=5)

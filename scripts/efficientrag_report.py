@@ -235,7 +235,7 @@ def ranker_factor_for(setup: dict, system: Path | None, name: str, parser) -> fl
 
 
 def main(argv=None) -> int:
-    from effrag.cli_args import add_source_args
+    from effrag.cli_args import add_data_dir_arg, add_source_args
     from effrag.provenance import report_source
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -249,7 +249,7 @@ def main(argv=None) -> int:
                      "every table rebuilt from it alone, no data folder or tuning run needed; with --tune, their rows "
                      "are added to its own (the Direct-R baselines stay the evidence's) and the merged evidence is "
                      "written")
-    p.add_argument("--data", type=Path, default=Path("../shared/data"), help="<dataset>/{train,dev}.jsonl")
+    add_data_dir_arg(p)
     p.add_argument("--system", type=Path, help="write loop-<dataset>.json and loop.json into this system folder")
     p.add_argument("--output", required=True, type=Path)
     p.add_argument("--budgets", type=int, nargs="+", default=[7, 10])

@@ -30,19 +30,20 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-DATASETS = ("hotpotqa", "2wikimqa", "musique")
+from effrag.cli_args import DATASETS  # noqa: E402
+
 SHOWN = (5, 7, 10)
 FORMAT = 1
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from effrag.cli_args import add_source_args
+    from effrag.cli_args import add_data_dir_arg, add_source_args
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--irrr", help="IRRR model folder or shipped name: run the grid")
     src.add_argument("--evidence", type=Path, help="rebuild the tables from these evidence files alone")
-    ap.add_argument("--data", type=Path, default=Path(os.environ.get("DATA", "../shared/data")))
+    add_data_dir_arg(ap)
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS))
     ap.add_argument("--limit", type=int, default=None, help="first N dev questions per dataset (default: all)")
     ap.add_argument("--runs", type=Path, default=Path("runs/irrr-crossfit"), help="per-question steps (resumable)")

@@ -28,7 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-DATASETS = ("hotpotqa", "2wikimqa", "musique")
+from effrag.cli_args import DATASETS  # noqa: E402
+
 OVERHEAD = 16 + 8 + 8  # a stored chunk's digest, offset and check
 CANDIDATES = {"pq16": {"subspaces": 16}, "rq4096+pq16": {"subspaces": 16, "coarse": 4096},
               "pq32": {"subspaces": 32}, "rq4096+pq32": {"subspaces": 32, "coarse": 4096}, "pq64": {"subspaces": 64}}
@@ -96,12 +97,12 @@ def by_dataset(records: list[dict], rr: list[float]) -> dict[str, float]:
 
 
 def main(argv=None) -> None:
-    from effrag.cli_args import add_source_args
+    from effrag.cli_args import add_data_dir_arg, add_source_args
     from effrag.provenance import report_source, write_report
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="effrag/pretrained/efficientrag-all/ranker-late")
-    ap.add_argument("--data", default=Path("../shared/data"), type=Path)
+    add_data_dir_arg(ap)
     ap.add_argument("--dev-groups", default="runs/ranker/dev_{}", help="dev group folders ({} = dataset)")
     ap.add_argument("--train-groups", default="runs/ranker/train_bm25_{}", help="train group folders")
     ap.add_argument("--seed", type=int, default=42)

@@ -34,7 +34,7 @@ KINDS = {  # kind of work -> substrings of the profiled function's name
 
 
 def main(argv=None) -> int:
-    from effrag.cli_args import add_source_args
+    from effrag.cli_args import add_data_dir_arg, add_source_args
     from effrag.pipelines.efficientrag import EfficientRAGLoop, build_config, load_models
     from effrag.pipelines.efficientrag.system import open_system
     from effrag.provenance import provenance, report_source
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", default="2wikimqa")
-    p.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
+    add_data_dir_arg(p)
     p.add_argument("--model", default="efficientrag-all")
     p.add_argument("--limit", type=int, default=32)
     p.add_argument("--batch", type=int, default=16)
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     commit = report_source(args.output, args.allow_dirty)
     logging.disable(logging.WARNING)
-    data = args.data_dir / args.dataset
+    data = args.data / args.dataset
     system = open_system(args.model, dataset=args.dataset)
     setup = RunSetup.build(data / "dev.jsonl", corpus_from=[data / "train.jsonl"], retriever=system.retriever or "dense",
                            bf16=True, limit=args.limit + args.batch)

@@ -28,7 +28,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 TOP = 30
 
-from effrag.cli_args import add_source_args  # noqa: E402 (no torch: the help prints without it)
+from effrag.cli_args import DATASETS, add_source_args  # noqa: E402 (no torch: the help prints without it)
 from effrag.provenance import committed_source, report_source  # noqa: E402
 
 
@@ -279,7 +279,7 @@ def report(argv) -> int:
     if args.only is not None:
         for r in rows:
             r["curves"] = {o: c for o, c in r["curves"].items() if o == "pool" or o in args.only}
-    groups = group_rows(rows, sample_question_ids(("hotpotqa", "2wikimqa", "musique")))
+    groups = group_rows(rows, sample_question_ids(DATASETS))
     units = [[g] for g in sorted(groups) if g not in args.joint]
     if args.joint:
         units.append([g for g in args.joint if g in groups])

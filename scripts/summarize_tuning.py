@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+from effrag.cli_args import DATASETS
+
 
 def _curve(row: dict, skip: set[str]) -> dict[int, float]:
     """The row's recall at each cut, over its questions but ``skip`` (from its per-question gold positions)."""
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.exclude_sample:
         from effrag.data import sample_question_ids
 
-        skip = set(sample_question_ids(("hotpotqa", "2wikimqa", "musique")))
+        skip = set(sample_question_ids(DATASETS))
     try:
         print(summarize(rows, [b for b in args.by.split(",") if b], budgets, where, skip))
     except ValueError as e:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-DATASETS = ("hotpotqa", "2wikimqa", "musique")
+from effrag.cli_args import DATASETS  # noqa: E402
 
 
 def pairs(items: list[str], what: str) -> dict[str, str]:

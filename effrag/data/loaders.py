@@ -30,6 +30,8 @@ from .records import Passage, Question, SubQuestion
 
 log = logging.getLogger(__name__)
 
+# the three multi-hop datasets with train and dev files: what the recipe trains on, tunes on and reports
+MULTIHOP_DATASETS = ("hotpotqa", "2wikimqa", "musique")
 DATASETS = ("hotpotqa", "2wikimqa", "musique", "bamboogle", "strategyqa")
 _ALIASES = {"hotpot": "hotpotqa", "2wiki": "2wikimqa", "2wikimultihopqa": "2wikimqa",
             "musique-ans": "musique", "musique_ans": "musique"}

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from effrag.data.loaders import MULTIHOP_DATASETS
+
 _HERE = Path(__file__).resolve().parent
 
 
@@ -45,7 +47,7 @@ SHIPPABLE = {
         "python scripts/export_pretrained.py --kind irrr --src checkpoints/irrr-all --dst effrag/pretrained/irrr-all"),
 }
 NAMES = tuple(name for name in SHIPPABLE if (_HERE / name).is_dir())
-LOOP_DATASETS = ("hotpotqa", "2wikimqa", "musique")
+LOOP_DATASETS = MULTIHOP_DATASETS
 
 
 class NotShippedError(FileNotFoundError):

@@ -269,6 +269,8 @@ def report(argv) -> int:
     p.add_argument("--joint", nargs="*", default=[], help="dumps chosen together (loop.json's: one order for all)")
     p.add_argument("--only", nargs="*", default=None, help="orders offered to the rule (default: all); pool always")
     p.add_argument("--out", type=Path, required=True, help="writes OUT.json (decisions) and OUT.md")
+    p.add_argument("--keep-sample", action="store_true", help="let the bundled sample's dev questions choose too (a "
+                   "run whose data is the bundled sample has no other)")
     add_source_args(p)
     args = p.parse_args(argv)
     commit = report_source(args.out.parent, args.allow_dirty, name=f"{args.out.name}.uncommitted.diff")
@@ -279,10 +281,13 @@ def report(argv) -> int:
     if args.only is not None:
         for r in rows:
             r["curves"] = {o: c for o, c in r["curves"].items() if o == "pool" or o in args.only}
-    groups = group_rows(rows, sample_question_ids(DATASETS))
+    groups = group_rows(rows, () if args.keep_sample else sample_question_ids(DATASETS))
+    if not groups:
+        sys.exit(f"report: no question of {', '.join(map(str, args.scores))} may choose: they are all the bundled "
+                 "sample's, which choose nothing (--keep-sample lets them)")
     units = [[g] for g in sorted(groups) if g not in args.joint]
-    if args.joint:
-        units.append([g for g in args.joint if g in groups])
+    if args.joint and (joint := [g for g in args.joint if g in groups]):
+        units.append(joint)
     decisions, lines = [], [f"Report built at commit `{commit}`.", ""]
     for path in args.scores:
         meta = Path(str(path).removesuffix(".gz").removesuffix(".jsonl") + ".meta.json")

@@ -50,7 +50,8 @@
 # (points, or se: one standard error, the default), PREFER, FALL_BACK (1 or 0), STRUCT_RULE, STRUCT_PREFER,
 # LOOP_DISTILL (0: no step 5), SET_RANKER (0: no step 8), EXPORT, NAME (checkpoint name, default the dataset),
 # LABELER_ARGS (Labeler-only overrides), RANKER_ARGS (ranker-only overrides), REPORT_ARGS (extra arguments of every
-# efficientrag_report.py call, e.g. --keep-sample when DATA is the bundled sample), TUNE_ONLY=DIR (no synthesis,
+# efficientrag_report.py call), KEEP_SAMPLE (1: the bundled sample's dev questions choose too, for a run whose DATA
+# is the bundled sample: the recipe's smoke run, reports/efficientrag/recipe), TUNE_ONLY=DIR (no synthesis,
 # training or export: tune the system DIR and write DIR/loop*.json; NAME=int8
 # TUNE_ONLY=effrag/pretrained/efficientrag-all retunes the package's int8 copy). Extra args after the dataset go to
 # the Labeler and Filter trainings, e.g. `... all --train.epochs 2`.
@@ -67,6 +68,7 @@ FOLDS=${FOLDS:-5}
 NEG=${NEG_PER_QUERY:-3}
 CTX=${CONTEXT_NEG:-0}
 read -ra report_args <<< "${REPORT_ARGS:-}"
+[ "${KEEP_SAMPLE:-0}" = 1 ] && report_args+=(--keep-sample)  # DATA is the bundled sample: its questions choose
 # The loop's grid: effrag/configs/efficientrag_recipe.yaml (what each option does is said there); TUNE_GRID="NAME=V1,V2
 # ..." replaces it.
 if [ -n "${TUNE_GRID:-}" ]; then
@@ -208,7 +210,7 @@ if [ "${SET_RANKER:-1}" != 0 ]; then
   train_sets=("$ds")
   [ "$ds" = all ] && train_sets=(hotpotqa 2wikimqa musique)
   DATA="$DATA" BIN="$BIN" RETRIEVER="$RETRIEVER" ENCODER="$ENCODER" OUT="runs/set-ranker/$name" \
-    bash scripts/train_set_ranker.sh "$sys" "${train_sets[@]}"
+    KEEP_SAMPLE="${KEEP_SAMPLE:-0}" bash scripts/train_set_ranker.sh "$sys" "${train_sets[@]}"
 fi
 if [ "$sys" != "$ck" ]; then
   # 9. the system folder holds what ships: its loop configs and set-ranker/, then the comparison with the package's

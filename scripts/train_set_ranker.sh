@@ -13,7 +13,8 @@
 #    order): set_ranker_top goes into the loop configs the rule picks it for, with the figures beside it.
 # Every dump resumes. Env: DATA (default ../shared/data), BIN (default .venv/bin), RETRIEVER (default hybrid),
 # ENCODER (default e5-small), OUT (the dumps, default runs/set-ranker/<system folder name>), REPORT_DIR (the scores
-# and the decisions, default OUT), EPOCHS (default 10), SEEDS (default 5).
+# and the decisions, default OUT), EPOCHS (default 10), SEEDS (default 5), KEEP_SAMPLE (1: the bundled sample's dev
+# questions choose too, for a run whose DATA is the bundled sample).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ck=${1:?usage: scripts/train_set_ranker.sh SYSTEM_DIR [train dataset ...]}
@@ -56,6 +57,6 @@ done
 "$BIN/python" scripts/set_ranker.py score --model "$ck/set-ranker" --tops 10,20,30 --dumps "${dev_dumps[@]}" \
   --out "$REPORT_DIR/scores.jsonl.gz"
 "$BIN/python" scripts/set_ranker.py report --scores "$REPORT_DIR/scores.jsonl.gz" --joint "${joint[@]}" \
-  --out "$REPORT_DIR/decisions"
+  --out "$REPORT_DIR/decisions" $([ "${KEEP_SAMPLE:-0}" = 1 ] && echo --keep-sample)
 "$BIN/python" scripts/set_ranker.py ship --decisions "$REPORT_DIR/decisions.json" --system "$ck" \
   --report "$REPORT_DIR/decisions.md"

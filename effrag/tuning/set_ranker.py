@@ -49,6 +49,8 @@ def evaluate_unit(groups: Mapping[str, Sequence[Mapping]], unit: Sequence[str], 
                   show: Sequence[int] = SHOW_BUDGETS, k: int = 5, seed: int = 0) -> dict[str, Any]:
     """One unit: each fold's pick and the held-out recall, the pick on all questions, every order's in-sample
     recall, and the decision (``ships``: the order that ships, ``top``: its M, 0 for the pool)."""
+    if not unit or any(not groups.get(g) for g in unit):
+        raise ValueError(f"no questions to decide on for {' + '.join(unit) or 'an empty unit'}")
     orders = list(groups[unit[0]][0]["curves"])
     fold_of = {g: folds([r["id"] for r in groups[g]], k, seed) for g in unit}
     held: dict[str, dict[int, list[float]]] = {g: {b: [] for b in show} for g in unit}

@@ -249,3 +249,14 @@ def test_an_ensemble_scores_its_members_mean_and_checks_each_member(tmp_path):
     (tmp_path / "e" / "set_ranker.json").write_text(json.dumps({**cfg, "members": ["../elsewhere"]}))
     with pytest.raises(ValueError, match="'members' must name member folders inside"):
         sr.load(tmp_path / "e")
+
+
+def test_a_unit_with_no_questions_is_one_error_naming_it():
+    """A run whose dev questions are all the bundled sample's (which choose nothing) leaves a unit empty: one line
+    naming it, not an IndexError (scripts/set_ranker.py report then says --keep-sample lets them choose)."""
+    from effrag.tuning.set_ranker import evaluate_unit
+
+    with pytest.raises(ValueError, match="no questions to decide on for musique-dev-own"):
+        evaluate_unit({}, ["musique-dev-own"])
+    with pytest.raises(ValueError, match="an empty unit"):
+        evaluate_unit({}, [])

@@ -46,23 +46,30 @@ def fit_codec(model_dir: str | Path, inputs: list[str], chunks: int = 4096, subs
     from effrag.models.late_codec import DEFAULT_SUBSPACES, ProductQuantizer
 
     subspaces = subspaces or DEFAULT_SUBSPACES
+    from effrag.models.late_codec import CODEC_NAME
+    from effrag.models.model_files import read_effrag_config
     from effrag.provenance import file_sha256, portable, portable_path
 
     model = load_model(model_dir).eval()
     if not hasattr(model, "attach_codec"):
         raise ValueError(f"{model_dir}: a {model.model_type} checkpoint; a codec is for a late_ranker")
+    asked = portable({"inputs_sha256": {portable_path(f): file_sha256(f) for f in inputs}, "subspaces": subspaces,
+                      "coarse": coarse, "seed": seed, "bf16": bf16,
+                      # the command as its options say (the process's own argv may be another program's)
+                      "command": " ".join(["effrag ranker-codec --model", portable_path(model_dir), "--inputs",
+                                           *map(portable_path, inputs), f"--chunks {chunks} --subspaces "
+                                           f"{subspaces} --coarse {coarse} --seed {seed}",
+                                           *([] if bf16 else ["--no-bf16"])])})
+    # a rerun (the recipe resumes) keeps the codec these weights already carry when it was fitted as asked: a refit
+    # in bf16 is not bit-identical, and the tuning rows read with the codec name its fingerprint
+    recorded = ProductQuantizer.recorded_provenance(Path(model_dir) / CODEC_NAME)
+    if CODEC_NAME in (read_effrag_config(model_dir).get("files") or {}) and model.codec is not None and \
+            all(recorded.get(key) == value for key, value in asked.items()):
+        return {"chunks": recorded.get("chunks"), "tokens": recorded.get("tokens"), "sha256": model.codec.sha256,
+                "bytes_per_token": model.codec.bytes_per_token, "reused": True}
     tokens, n = sample_tokens(model, inputs, chunks, seed, bf16)
     codec = ProductQuantizer.train(tokens, subspaces=subspaces, seed=seed, coarse=coarse)
-    provenance = portable({"inputs": [portable_path(f) for f in inputs],
-                           "inputs_sha256": {portable_path(f): file_sha256(f) for f in inputs},
-                           "chunks": n, "tokens": len(tokens), "subspaces": subspaces, "coarse": coarse,
-                           "seed": seed,
-                           "bf16": bf16,
-                           # the command as its options say (the process's own argv may be another program's)
-                           "command": " ".join(["effrag ranker-codec --model", portable_path(model_dir), "--inputs",
-                                                *map(portable_path, inputs), f"--chunks {chunks} --subspaces "
-                                                f"{subspaces} --coarse {coarse} --seed {seed}",
-                                                *([] if bf16 else ["--no-bf16"])])})
+    provenance = {"inputs": [portable_path(f) for f in inputs], **asked, "chunks": n, "tokens": len(tokens)}
     model.attach_codec(model_dir, codec, provenance)
     return {"chunks": n, "tokens": len(tokens), "sha256": codec.sha256,
             "bytes_per_token": codec.bytes_per_token}
@@ -86,5 +93,6 @@ def add_codec_parser(sub) -> None:
 
 def _cmd_codec(args: argparse.Namespace) -> None:
     out = fit_codec(args.model, args.inputs, args.chunks, args.subspaces, args.seed, args.bf16, args.coarse)
-    print(f"{args.model}: codec {out['sha256'][:16]} fitted on {out['tokens']} token vectors of {out['chunks']} "
+    how = "kept (fitted as asked before)" if out.get("reused") else "fitted"
+    print(f"{args.model}: codec {out['sha256'][:16]} {how} on {out['tokens']} token vectors of {out['chunks']} "
           f"passages; {out['bytes_per_token']} bytes a token")

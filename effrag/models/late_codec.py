@@ -159,6 +159,17 @@ class ProductQuantizer:
             save_file(tensors, str(tmp), metadata=meta)
         return path
 
+    @staticmethod
+    def recorded_provenance(path: str | Path) -> dict:
+        """The provenance a codec file records (what it was fitted on and how), without loading its tensors; ``{}``
+        for a missing or unreadable file."""
+        try:
+            data = Path(path).read_bytes()
+            header = json.loads(data[8: 8 + int.from_bytes(data[:8], "little")])
+            return json.loads((header.get("__metadata__") or {}).get("provenance") or "{}")
+        except (OSError, ValueError, UnicodeDecodeError):
+            return {}
+
     @classmethod
     def load(cls, path: str | Path) -> ProductQuantizer:
         """The codec in ``path``; a ValueError naming the file if it is not one or its bytes do not match the SHA-256

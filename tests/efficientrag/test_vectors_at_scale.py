@@ -201,3 +201,11 @@ def test_ranker_codec_fits_and_records_a_codec_the_checkpoint_then_loads(late_di
         prov = json.loads(f.metadata()["provenance"])
     assert prov["chunks"] == 16 and prov["subspaces"] == 4 and "ranker-codec" in prov["command"]
     assert not any(str(tmp_path) in v for v in prov["inputs"])  # no machine path in a shipped file
+    # a rerun as asked keeps it (the recipe resumes; a bf16 refit is not bit-identical), other options refit it
+    sha = model.codec.sha256
+    main(["ranker-codec", "--model", str(folder), "--inputs", str(sample_path("hotpotqa", "dev")), "--chunks", "16",
+          "--subspaces", "4", "--no-bf16"])
+    assert "kept (fitted as asked before)" in capsys.readouterr().out and load_model(folder).codec.sha256 == sha
+    main(["ranker-codec", "--model", str(folder), "--inputs", str(sample_path("hotpotqa", "dev")), "--chunks", "16",
+          "--subspaces", "8", "--no-bf16"])
+    assert "8 bytes a token" in capsys.readouterr().out and load_model(folder).codec.bytes_per_token == 8

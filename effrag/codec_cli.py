@@ -60,8 +60,8 @@ def fit_codec(model_dir: str | Path, inputs: list[str], chunks: int = 4096, subs
                                            *map(portable_path, inputs), f"--chunks {chunks} --subspaces "
                                            f"{subspaces} --coarse {coarse} --seed {seed}",
                                            *([] if bf16 else ["--no-bf16"])])})
-    # a rerun (the recipe resumes) keeps the codec these weights already carry when it was fitted as asked: a refit
-    # in bf16 is not bit-identical, and the tuning rows read with the codec name its fingerprint
+    # a rerun (the recipe resumes) keeps the codec these weights already carry when it was fitted as asked: the tuning
+    # rows read with the codec name the checkpoint's fingerprint, its file records included, and a refit rewrites them
     recorded = ProductQuantizer.recorded_provenance(Path(model_dir) / CODEC_NAME)
     if CODEC_NAME in (read_effrag_config(model_dir).get("files") or {}) and model.codec is not None and \
             all(recorded.get(key) == value for key, value in asked.items()):

@@ -75,6 +75,18 @@ def _nearest(x: torch.Tensor, cent: torch.Tensor, block: int = 65536) -> torch.T
     return out
 
 
+META_KEY = "effrag-late-codec"  # the one metadata key a codec file is written with (format, sha256, provenance)
+
+
+def _codec_meta(metadata: dict) -> dict:
+    """A codec file's ``{"format", "sha256", "provenance"}``: from its one key, or from the three separate keys the
+    files written before 2026-11-29 hold (the shipped codec among them)."""
+    if META_KEY in metadata:
+        return json.loads(metadata[META_KEY])
+    return {"format": metadata.get("format"), "sha256": metadata.get("sha256"),
+            "provenance": json.loads(metadata.get("provenance") or "{}")}
+
+
 class ProductQuantizer:
     """Code books [subspaces, codes, dim / subspaces] (fp32), and optionally ``coarse`` centroids [K, dim]: then a
     token is its nearest coarse centroid (2 bytes) plus the product-quantised residual (residual quantisation, as
@@ -152,8 +164,10 @@ class ProductQuantizer:
 
         path = Path(folder) / CODEC_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"format": CODEC_FORMAT, "sha256": self.sha256,
-                "provenance": json.dumps(provenance or {}, sort_keys=True)}
+        # one metadata key: safetensors writes several in a per-process order, so the same codec would get other
+        # bytes (and another file hash, which a checkpoint's fingerprint and the tuning rows read with it record)
+        meta = {META_KEY: json.dumps({"format": CODEC_FORMAT, "sha256": self.sha256, "provenance": provenance or {}},
+                                     sort_keys=True)}
         tensors = {"codebooks": self.codebooks, **({} if self.coarse is None else {"coarse": self.coarse})}
         with atomic_path(path) as tmp:
             save_file(tensors, str(tmp), metadata=meta)
@@ -166,7 +180,7 @@ class ProductQuantizer:
         try:
             data = Path(path).read_bytes()
             header = json.loads(data[8: 8 + int.from_bytes(data[:8], "little")])
-            return json.loads((header.get("__metadata__") or {}).get("provenance") or "{}")
+            return _codec_meta(header.get("__metadata__") or {}).get("provenance") or {}
         except (OSError, ValueError, UnicodeDecodeError):
             return {}
 
@@ -181,7 +195,7 @@ class ProductQuantizer:
         try:
             data = path.read_bytes()
             header = json.loads(data[8: 8 + int.from_bytes(data[:8], "little")])
-            meta = header.get("__metadata__") or {}
+            meta = _codec_meta(header.get("__metadata__") or {})
             tensors = load(data)
             codec = cls(tensors["codebooks"], tensors.get("coarse"))
         except (SafetensorError, OSError, ValueError, KeyError, RuntimeError, UnicodeDecodeError) as e:

@@ -195,10 +195,9 @@ def test_ranker_codec_fits_and_records_a_codec_the_checkpoint_then_loads(late_di
     assert CODEC_NAME in read_effrag_config(folder)["files"]
     model = load_model(folder)
     assert model.codec is not None and model.codec.bytes_per_token == 4
-    from safetensors import safe_open
+    from effrag.models.late_codec import ProductQuantizer
 
-    with safe_open(str(folder / CODEC_NAME), "pt") as f:
-        prov = json.loads(f.metadata()["provenance"])
+    prov = ProductQuantizer.recorded_provenance(folder / CODEC_NAME)
     assert prov["chunks"] == 16 and prov["subspaces"] == 4 and "ranker-codec" in prov["command"]
     assert not any(str(tmp_path) in v for v in prov["inputs"])  # no machine path in a shipped file
     # a rerun as asked keeps it (the recipe resumes; a bf16 refit is not bit-identical), other options refit it
@@ -206,6 +205,10 @@ def test_ranker_codec_fits_and_records_a_codec_the_checkpoint_then_loads(late_di
     main(["ranker-codec", "--model", str(folder), "--inputs", str(sample_path("hotpotqa", "dev")), "--chunks", "16",
           "--subspaces", "4", "--no-bf16"])
     assert "kept (fitted as asked before)" in capsys.readouterr().out and load_model(folder).codec.sha256 == sha
+    # the same codec saved again is the same bytes (one metadata key: safetensors orders several per process)
+    before = (folder / CODEC_NAME).read_bytes()
+    ProductQuantizer.load(folder / CODEC_NAME).save(folder, prov)
+    assert (folder / CODEC_NAME).read_bytes() == before
     main(["ranker-codec", "--model", str(folder), "--inputs", str(sample_path("hotpotqa", "dev")), "--chunks", "16",
           "--subspaces", "8", "--no-bf16"])
     assert "8 bytes a token" in capsys.readouterr().out and load_model(folder).codec.bytes_per_token == 8

@@ -28,9 +28,7 @@ train_sets=("$@")
 [ ${#train_sets[@]} -gt 0 ] || train_sets=(hotpotqa 2wikimqa musique)
 REPORT_DIR=${REPORT_DIR:-$OUT}
 mkdir -p "$OUT" "$REPORT_DIR"
-same_config() {  # $1 $2: loop config files whose options (but set_ranker_top) are equal
-  "$BIN/python" -c 'import json,sys; c=[{k: v for k, v in json.load(open(f))["config"].items() if k != "set_ranker_top"} for f in sys.argv[1:]]; sys.exit(c[0] != c[1])' "$1" "$2"
-}
+source scripts/recipe_lib.sh  # same_config
 dump() {  # $1 dataset, $2 split, $3 own|all
   local f="$ck/loop-$1.json"
   [ "$3" = all ] && f="$ck/loop.json"

@@ -27,7 +27,8 @@ def headline_rows(spec: dict, root: str | Path) -> list[dict]:
 
     root = Path(root)
     crossfit = json.loads((root / spec["recall"]["evidence"]).read_text())
-    index = {d["dataset"]: d for d in json.loads((root / spec["index"]["evidence"]).read_text())["datasets"]}
+    index_report = json.loads((root / spec["index"]["evidence"]).read_text())
+    index = {d["dataset"]: d for d in index_report["datasets"]}
     rows = []
     for ds, name in spec["datasets"].items():
         shipped = json.loads((root / spec["system"] / f"loop-{ds}.json").read_text())["crossfit"][ds]
@@ -44,8 +45,7 @@ def headline_rows(spec: dict, root: str | Path) -> list[dict]:
             "bar": {b: (own["margins"][b]["bar_recall"], _bar_name(own["margins"][b]["bar"])) for b in ("7", "10")},
             "recall": {"5": fig["curve"][4][1], "7": fig["recall"]["7"], "10": fig["recall"]["10"]},
             "forwards": fig["forwards"], "pfe": (shipped_row["ratio"], single_ratio(shipped_row)),
-            "index_pfe": total["pfe_per_1k"], "cost_commit": bench["commit"], "index_commit": json.loads(
-                (root / spec["index"]["evidence"]).read_text())["commit"]})
+            "index_pfe": total["pfe_per_1k"], "cost_commit": bench["commit"], "index_commit": index_report["commit"]})
     return rows
 
 

@@ -48,6 +48,7 @@ SHIPPABLE = {
 }
 NAMES = tuple(name for name in SHIPPABLE if (_HERE / name).is_dir())
 LOOP_DATASETS = MULTIHOP_DATASETS
+LOOP_FILES = ("loop.json", *(f"loop-{d}.json" for d in LOOP_DATASETS))  # a system's loop configs
 
 
 class NotShippedError(FileNotFoundError):

@@ -9,7 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
-from effrag.pretrained import LOOP_DATASETS  # a shipped system's loop-<dataset>.json
+from effrag.pretrained import LOOP_FILES  # a shipped system's loop.json and loop-<dataset>.json
 from effrag.state_files import write_text_atomic
 
 
@@ -20,7 +20,7 @@ def export_system(src: Path, dst: Path, figures: Path | None = None) -> dict:
     from effrag.models.compact import COMPACT_NAME, has_compact_encoder
     from effrag.provenance import file_sha256, portable, provenance
 
-    for need in ("labeler", "filter", "loop.json", *(f"loop-{d}.json" for d in LOOP_DATASETS)):
+    for need in ("labeler", "filter", *LOOP_FILES):
         if not (src / need).exists():
             raise FileNotFoundError(f"{src / need} not found: train the model first (bash scripts/train_efficientrag.sh all)")
     if dst.exists():
@@ -50,7 +50,7 @@ def export_system(src: Path, dst: Path, figures: Path | None = None) -> dict:
         shutil.copytree(src / "set-ranker", dst / "set-ranker")
         sources["set-ranker"] = {w.relative_to(src / "set-ranker").as_posix(): file_sha256(w)
                                  for w in sorted((src / "set-ranker").rglob("*.safetensors"))}
-    for f in ["loop.json", *(f"loop-{d}.json" for d in LOOP_DATASETS)]:
+    for f in LOOP_FILES:
         shutil.copy(src / f, dst / f)
     if (src / "README.md").is_file():
         shutil.copy(src / "README.md", dst / "RECIPE.md")
@@ -70,7 +70,7 @@ def prune_rankers(system: Path) -> list[str]:
     recipe exports before its last tuning stage, which may leave a ranker (the teacher) that nothing reads: it is not
     shipped (the clone budget)."""
     read = {json.loads((system / f).read_text()).get("ranker") or "ranker"
-            for f in ["loop.json", *(f"loop-{d}.json" for d in LOOP_DATASETS)]}
+            for f in LOOP_FILES}
     pruned = sorted(d.name for d in system.iterdir() if d.is_dir() and d.name.startswith("ranker-") and d.name not in read)
     for name in pruned:
         shutil.rmtree(system / name)
@@ -126,7 +126,7 @@ def shipped_card(src: Path, sizes: dict, source: str | None = None) -> str:
     from effrag.pipelines.base import DEFAULT_RETRIEVER
     from effrag.provenance import portable_path
 
-    loops = {name: json.loads((src / name).read_text()) for name in ["loop.json", *(f"loop-{d}.json" for d in LOOP_DATASETS)]}
+    loops = {name: json.loads((src / name).read_text()) for name in LOOP_FILES}
     general = loops["loop.json"]
     kind = general.get("retriever") or DEFAULT_RETRIEVER
     encoder = f" whose dense leg is **{general['encoder']}**" if general.get("encoder") else ""

@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from effrag.pretrained import LOOP_DATASETS
+from effrag.pretrained import LOOP_FILES
 
-LOOP_FILES = ("loop.json", *(f"loop-{d}.json" for d in LOOP_DATASETS))
 TOLERANCE = 0.01  # one point of recall
 
 

@@ -84,7 +84,7 @@ class Hop(dict):
 
     EfficientRAG records ``{"hop", "queries", "retrieved": [[ids] per query], "skipped_seen", "chunks": [{"id",
     "title", "query", "tag", "p_continue", "kept", "rank_score"?}], "filter_inputs", "next_queries", "stop"?,
-    "rescored"?, "pruned"?}``; IRRR a step ``{"query", "candidates": [ids], "answerability", "rerank", "best"?,
+    "rescored"?}``; IRRR a step ``{"query", "candidates": [ids], "answerability", "rerank", "best"?,
     "appended"?, "stop"?}``; a plain search one round ``{"hop": 0, "queries": [question], "retrieved": [ids]}``.
     """
 

@@ -178,7 +178,7 @@ def _top(pool: Sequence[str], score) -> str:
 
 # the options that only reorder the pool (bonuses and weights of the rank order): the "simpler" axis of the one-SE
 # rule, and what cost points share (a pool weight changes what the loop reads only through what it ranks first)
-ORDER_WEIGHTS = ("retrieval_weight", "requery_weight", "relabel_weight", "link_weight", "backlink_weight")
+ORDER_WEIGHTS = ("retrieval_weight", "requery_weight", "link_weight", "backlink_weight")
 
 
 def cands_config(cands: Mapping[str, Candidates], key: str) -> dict:

@@ -221,18 +221,15 @@ def best_per_budget(rows: Sequence[dict], budgets: Iterable[int]) -> list[dict]:
     return out
 
 
-def loop_key(config: EfficientRAGConfig) -> str | None:
-    """What decides a loop run (every option but those acting on the finished pools), or None when a pool option
-    acts inside the loop (``prune_last_hop``): configs with one key share a run (:func:`run_grid` orders the grid
-    so that they come together)."""
+def loop_key(config: EfficientRAGConfig) -> str:
+    """What decides a loop run: every option but those acting on the finished pools (the ``pool`` group of
+    :data:`~effrag.pipelines.efficientrag.config.OPTION_GROUPS`). Configs with one key share a run
+    (:func:`run_grid` orders the grid so that they come together)."""
     import json
 
     from ..pipelines.efficientrag.config import POOL_OPTIONS
 
-    d = config.to_json()
-    if d.get("prune_last_hop"):
-        return None
-    return json.dumps({k: v for k, v in d.items() if k not in POOL_OPTIONS}, sort_keys=True)
+    return json.dumps({k: v for k, v in config.to_json().items() if k not in POOL_OPTIONS}, sort_keys=True)
 
 
 def direct_r_curve(retriever, questions: Sequence[str], gold: Sequence[Sequence[str]], k_max: int) -> list[dict]:
@@ -303,7 +300,7 @@ def run_grid(loop, texts: Sequence[str], gold: Sequence[Sequence[str]], grid: Se
     try:
         with ResultLog(out / "results.jsonl", config_key, where=lambda row: same_run(row["setup"], setup)) as log:
             shared: tuple[str | None, list] = (None, [])  # (loop key, states): the last loop run, re-ranked
-            grid = sorted(grid, key=lambda ch: loop_key(base.replace(**ch)) or "")  # one loop run per key
+            grid = sorted(grid, key=lambda ch: loop_key(base.replace(**ch)))  # one loop run per key
             for changes in tqdm(grid, desc="grid", unit="config", disable=not show_progress):
                 cfg = base.replace(**changes)
                 if json.dumps(cfg.to_json(), sort_keys=True) in log:
@@ -311,7 +308,7 @@ def run_grid(loop, texts: Sequence[str], gold: Sequence[Sequence[str]], grid: Se
                 loop.config = cfg
                 t0 = time.perf_counter()
                 key = loop_key(cfg)
-                if key is None or key != shared[0]:
+                if key != shared[0]:
                     states = [s for i in range(0, len(texts), batch_size)
                               for s in loop.run_states(list(texts[i: i + batch_size]))]
                     shared = (key, states)

@@ -1,4 +1,4 @@
-"""EfficientRAG loop cost options (issue #18): int8, prune_last_hop, stop_at_pool, and the cost benchmark.
+"""EfficientRAG loop cost options (issue #18): int8, the levers retired on 2026-11-29, and the cost benchmark.
 
 Real tiny models (tests/conftest.py ``tiny_efficientrag_dirs``) and real BM25 over the bundled HotpotQA sample.
 """
@@ -46,18 +46,6 @@ def models(tiny_efficientrag_dirs):
             FilterModel.from_pretrained(tiny_efficientrag_dirs["filter"]).eval())
 
 
-@pytest.fixture(scope="module")
-def continuing(models):
-    """The tiny Labeler made to continue on every chunk (p(<Continue>) = 0.95), and the Filter."""
-    import copy
-
-    lab = copy.deepcopy(models[0])
-    with torch.no_grad():
-        lab.chunk_head.proj.weight.zero_()
-        lab.chunk_head.proj.bias.copy_(torch.tensor([0.0, 3.0]))
-    return lab, models[1]
-
-
 def pools(results):
     return [[(c.id, round(c.score, 6), c.fallback) for c in r.chunks] for r in results]
 
@@ -70,13 +58,30 @@ def n_pairs(results):
 
 def test_cost_options_default_off_and_left_out_of_to_json():
     cfg = EfficientRAGConfig()
-    assert (cfg.int8, cfg.stop_at_pool, cfg.prune_last_hop) == (False, None, False)
-    assert not {"int8", "stop_at_pool", "prune_last_hop"} & set(cfg.to_json())  # old configs still match
-    on = cfg.replace(int8=True, stop_at_pool=5, prune_last_hop=True)
-    assert on.to_json()["int8"] is True and on.to_json()["stop_at_pool"] == 5
-    assert build_config(on.to_json()) == on
-    with pytest.raises(ValueError, match="stop_at_pool"):
-        EfficientRAGConfig(stop_at_pool=0)
+    assert cfg.int8 is False and "int8" not in cfg.to_json()  # old configs still match
+    on = cfg.replace(int8=True)
+    assert on.to_json()["int8"] is True and build_config(on.to_json()) == on
+
+
+@pytest.mark.parametrize("lever", ["stop_at_pool", "prune_last_hop", "relabel_weight"])
+def test_retired_levers_are_refused_by_name(tmp_path, lever):
+    """relabel_weight, prune_last_hop and stop_at_pool left the config (no shipped config used them, none measured a
+    gain): a file or a flag naming one is refused in one line, not silently ignored."""
+    import argparse
+    import json
+
+    from effrag.pipelines.efficientrag.pipeline import EfficientRAGPipeline
+
+    with pytest.raises(ValueError, match=f"unknown EfficientRAGConfig option.*{lever}"):
+        EfficientRAGConfig.from_dict({lever: 1})
+    path = tmp_path / "loop.json"
+    path.write_text(json.dumps({"config": {"hop_k": 5, lever: 1}}))
+    with pytest.raises(ValueError, match=f"loop.json: unknown EfficientRAGConfig option.*config.{lever}"):
+        build_config(str(path))
+    p = argparse.ArgumentParser()
+    EfficientRAGPipeline.add_args(p)
+    with pytest.raises(SystemExit):
+        p.parse_args(["--" + lever.replace("_", "-"), "1"])
 
 
 def test_eval_flags_reach_the_config(tiny_efficientrag_dirs, retriever):
@@ -86,12 +91,12 @@ def test_eval_flags_reach_the_config(tiny_efficientrag_dirs, retriever):
 
     p = argparse.ArgumentParser()
     EfficientRAGPipeline.add_args(p)
-    a = p.parse_args(["--er-int8", "--prune-last-hop", "--stop-at-pool", "4", "--labeler-max-length", "96"])
-    assert (a.int8, a.prune_last_hop, a.stop_at_pool, a.labeler_max_length) == (True, True, 4, 96)
+    a = p.parse_args(["--er-int8", "--labeler-max-length", "96"])
+    assert (a.int8, a.labeler_max_length) == (True, 96)
     assert p.parse_args([]).int8 is None  # off unless given: a config file's value is not overridden
     pipe = EfficientRAGPipeline(retriever, labeler=tiny_efficientrag_dirs["labeler"],
-                                filter=tiny_efficientrag_dirs["filter"], int8=True, stop_at_pool=4)
-    assert pipe.config.int8 and pipe.config.stop_at_pool == 4
+                                filter=tiny_efficientrag_dirs["filter"], int8=True, labeler_max_length=96)
+    assert pipe.config.int8 and pipe.config.labeler_max_length == 96
 
 
 # ---------------------------------------------------------------------- int8
@@ -126,43 +131,6 @@ def test_int8_loop_runs_and_quantizes_once(models, retriever, questions):
     assert loop._lab is lab
 
 
-# ---------------------------------------------------------------------- pair skipping / early stop
-
-@pytest.mark.parametrize("order", ["fused", "fused_logit", "hop"])
-def test_prune_last_hop_is_exact_and_reads_fewer_pairs(continuing, retriever, questions, order):
-    lab, fil = continuing
-    base = EfficientRAGConfig(hop_k=4, max_hops=2, tag_threshold=0.3, max_candidates=2, min_candidates=3,
-                              pool_order=order, retrieval_weight=0.05)
-    off = EfficientRAGLoop(lab, fil, retriever, base).run(questions)
-    on = EfficientRAGLoop(lab, fil, retriever, base.replace(prune_last_hop=True)).run(questions)
-    assert pools(on) == pools(off)
-    assert n_pairs(on) <= n_pairs(off)
-    if order == "hop":  # a full pool after hop 0 reads nothing at the last hop
-        assert n_pairs(on) < n_pairs(off)
-
-
-def test_prune_last_hop_does_nothing_without_a_cap(models, retriever, questions):
-    lab, fil = models
-    base = EfficientRAGConfig(hop_k=3, max_hops=2, tag_threshold=0.3)
-    off = EfficientRAGLoop(lab, fil, retriever, base).run(questions)
-    on = EfficientRAGLoop(lab, fil, retriever, base.replace(prune_last_hop=True)).run(questions)
-    assert pools(on) == pools(off) and n_pairs(on) == n_pairs(off)
-    assert [r.hops for r in on] == [r.hops for r in off]
-
-
-def test_stop_at_pool_ends_a_question_once_its_pool_is_full(continuing, retriever, questions):
-    lab, fil = continuing
-    base = EfficientRAGConfig(hop_k=3, max_hops=3, tag_threshold=0.3)
-    off = EfficientRAGLoop(lab, fil, retriever, base).run(questions)
-    on = EfficientRAGLoop(lab, fil, retriever, base.replace(stop_at_pool=1)).run(questions)
-    for a, b in zip(off, on):
-        assert b.hops[0]["chunks"] == a.hops[0]["chunks"]  # hop 0 is the same
-        if any(c["tag"] == "<Continue>" for c in a.hops[0]["chunks"]):
-            assert b.iterations == 1 and b.hops[0]["stop"] == "pool_full" and b.hops[0]["next_queries"] == []
-            assert [c.id for c in b.chunks] == [c.id for c in a.chunks if c.hop == 0]
-    assert n_pairs(on) < n_pairs(off)
-
-
 # ---------------------------------------------------------------------- the benchmark's core
 
 def test_loop_cost_measures_a_tiny_setup(models, retriever, corpus, hotpot):
@@ -176,11 +144,11 @@ def test_loop_cost_measures_a_tiny_setup(models, retriever, corpus, hotpot):
     lab, fil = models
     base = EfficientRAGConfig(hop_k=3, max_hops=2, tag_threshold=0.3)
     out = bench.measure(setup, lab, fil, base, {"baseline": {}, "int8": {"int8": True},
-                                                "prune": {"prune_last_hop": True}},
+                                                "batch2": {"batch_size": 2}},
                         batch=2, single=1, unit_pairs=8, log=lambda m: None)
     rows = {r["name"]: r for r in out["rows"]}
     b = rows["baseline"]
-    assert b["identical"] and rows["prune"]["identical"]
+    assert b["identical"] and set(rows) == {"baseline", "int8", "batch2"}
     assert b["pairs_per_q"] > 0 and b["unit_s"] > 0 and b["ratio"] > 0 and 0 <= b["recall"] <= 1
     assert b["plain_all_s_per_q"] > 0 and set(b["stages"]) == {"retrieval", "labeler", "filter", "other"}
     assert "| baseline |" in bench.report(out, b["recall"])

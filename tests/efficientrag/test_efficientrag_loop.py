@@ -268,38 +268,6 @@ def test_requery_weight_adds_the_later_queries_scores_to_the_fused_order(models,
     assert "requery_weight" not in EfficientRAGConfig(pool_order="fused").to_json()  # old configs still match
 
 
-def test_relabel_weight_ranks_by_the_labelers_p_under_the_later_queries(models, retriever, questions):
-    # pool_order fused (p itself): the tiny model's p are far below fused_logit's clamp, so log-odds would tie
-    kw = dict(max_hops=3, tag_threshold=0.0, token_threshold=0.0, pool_source="seen", pool_order="fused",
-              retrieval_weight=0.5)
-    plain = make_loop(models, retriever, **kw).run(questions)
-    heavy = make_loop(models, retriever, relabel_weight=1e15, **kw).run(questions)
-    lab, _ = fixed_heads(models, None, None, None)
-    moved = 0
-    for a, b in zip(plain, heavy):
-        # the loop itself is unchanged: same hops, tags, kept words and queries, same chunks in the pool
-        assert a.hops == b.hops and sorted(c.id for c in a.chunks) == sorted(c.id for c in b.chunks)
-        later = [q for e in b.hops[1:] for q in e["queries"]]
-        if not later:  # stopped at hop 0: nothing was reread and the order stays
-            assert "relabel_scores" not in b.extra or not b.extra["relabel_scores"]
-            assert [c.id for c in a.chunks] == [c.id for c in b.chunks]
-            continue
-        # expected: the best p(<Continue>) of each chunk under every query of a hop after the chunk's own
-        expected = {}
-        for c in b.chunks:
-            qs = [q for e in b.hops[c.hop + 1:] for q in e["queries"]] + ([c.query] if c.hop else [])
-            ps = lab.predict(qs, [words(chunk_text(c.title, c.text, "title_text"))] * len(qs))
-            expected[c.id] = max(p for p, _ in ps)
-        assert b.extra["relabel_scores"] == pytest.approx(expected, abs=1e-4)
-        scores = [b.extra["relabel_scores"][c.id] for c in b.chunks]
-        assert scores == sorted(scores, reverse=True)  # a dominant weight ranks by the reread p
-        moved += [c.id for c in a.chunks] != [c.id for c in b.chunks]
-    assert moved
-    with pytest.raises(ValueError, match="relabel_weight needs pool_order"):
-        EfficientRAGConfig(relabel_weight=1.0)
-    assert "relabel_weight" not in EfficientRAGConfig(pool_order="fused").to_json()  # old configs still match
-
-
 def test_batched_equals_one_at_a_time(models, retriever, questions):
     probe = make_loop(models, retriever, max_hops=1, tag_threshold=0.0, token_threshold=0.0).run(questions)
     tag_t = split_point([c.score for r in probe for c in r.chunks])

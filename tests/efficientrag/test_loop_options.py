@@ -119,15 +119,39 @@ def test_every_loop_option_is_one_field_with_a_flag_and_a_docs_row(capsys):
     assert set(flags) == {f.name for f in fields(EfficientRAGConfig)}
     assert all(f.dest in dests for f in flags.values())
     args = p.parse_args(["--link-weight", "3", "--backlink-weight", "1.5", "--link-top", "4", "--chunk-format", "text",
-                         "--filter-max-length", "64", "--pool-order", "rank", "--prune-last-hop", "--er-batch-size",
+                         "--filter-max-length", "64", "--pool-order", "rank", "--er-batch-size",
                          "8", "--pool-source", "seen", "--no-label-last-hop"])
     opts = {k: v for k, v in method_options(args).items() if v is not None}
     cfg = EfficientRAGPipeline._config(None, None, opts.pop("er_batch_size"), opts.pop("er_bf16", None), **opts)
     assert (cfg.link_weight, cfg.backlink_weight, cfg.link_top, cfg.chunk_format, cfg.filter_max_length,
-            cfg.prune_last_hop, cfg.batch_size, cfg.label_last_hop) == (3.0, 1.5, 4, "text", 64, True, 8, False)
+            cfg.batch_size, cfg.label_last_hop) == (3.0, 1.5, 4, "text", 64, 8, False)
     with pytest.raises(SystemExit):
         p.parse_args(["--chunk-format", "html"])  # the rule's choices are the flag's
     assert "html" in capsys.readouterr().err
     docs = (Path(__file__).resolve().parents[2] / "docs" / "loop_options.md").read_text()
     assert docs.endswith(options_table()), ("docs/loop_options.md is stale: rewrite its table with "
                                             "effrag.pipelines.efficientrag.config.options_table()")
+
+
+def test_options_have_a_group_and_the_groups_decide_pool_runs_requests_and_old_files():
+    """Each option is in one group (loop, pool, runtime): the pool group is what configs sharing one loop run may
+    differ in, a service request may set every group but runtime, and an option with a ``since`` date is left out
+    of a config's JSON at its default (a file written before it existed is the same JSON)."""
+    from effrag.pipelines.efficientrag.config import GROUPS, OPTION_GROUPS, POOL_OPTIONS, request_options
+    from effrag.tuning import loop_key
+
+    names = [f.name for f in fields(EfficientRAGConfig)]
+    assert sorted(n for g in GROUPS for n in OPTION_GROUPS[g]) == sorted(names)
+    assert POOL_OPTIONS == set(OPTION_GROUPS["pool"]) and {"pool_order", "set_ranker_top"} <= POOL_OPTIONS
+    assert set(request_options()) == set(names) - set(OPTION_GROUPS["runtime"])
+    assert set(OPTION_GROUPS["runtime"]) == {"batch_size", "bf16", "int8"}
+    base = EfficientRAGConfig(pool_order="rank")
+    assert loop_key(base) == loop_key(base.replace(link_weight=2.0, max_candidates=7))  # pool options: one run
+    assert loop_key(base) != loop_key(base.replace(hop_k=3))
+    since = {f.name for f in fields(EfficientRAGConfig) if f.metadata["since"]}
+    assert {"int8", "set_ranker_top", "label_last_hop"} <= since and "hop_k" not in since
+    assert set(EfficientRAGConfig().to_json()) == set(names) - since
+    assert EfficientRAGConfig(link_top=3).to_json()["link_top"] == 3
+    with pytest.raises(ValueError, match="option group"):
+        from effrag.pipelines.efficientrag.config import Rule, option
+        option(1, Rule(int), "x", group="other")

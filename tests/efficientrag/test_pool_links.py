@@ -24,7 +24,7 @@ def test_titles_are_looked_up_as_whole_words_without_their_disambiguation():
 
 
 def _state(chunks):
-    return SimpleNamespace(question="q", pool=list(chunks), rejected=[], rescores={}, requeries=[], relabels={},
+    return SimpleNamespace(question="q", pool=list(chunks), rejected=[], rescores={}, requeries=[],
                            timing={}, trace=[], iterations=1, link_forms={})
 
 

@@ -148,7 +148,7 @@ def test_the_pool_writes_the_records_in_its_order_with_and_without_links():
     chunks = [chunk("a", "Film X", "Film X was directed by Jane Doe in 1990.", 5.0),
               chunk("c", "Other Film", "Another film, unrelated.", 2.0),
               chunk("b", "Jane Doe (director)", "Jane Doe is an American director.", 1.5)]
-    state = SimpleNamespace(question="q", pool=chunks, rejected=[], rescores={}, requeries=[], relabels={},
+    state = SimpleNamespace(question="q", pool=chunks, rejected=[], rescores={}, requeries=[],
                             timing={}, trace=[], iterations=1, link_forms={})
     cfg = EfficientRAGConfig(pool_order="rank", pool_source="seen", retrieval_weight=0.0, link_weight=1.0,
                              link_top=1, max_candidates=1)

@@ -20,14 +20,11 @@ POOL_ORDERS = ("hop", "fused", "fused_logit", "rank")
 POOL_SOURCES = ("continue", "seen")
 RANK_QUERIES = ("query", "info")
 CONTINUE, TERMINATE = "<Continue>", "<Terminate>"
-# options that act after the loop, on its finished pools: configs differing only in these share one loop run
-POOL_OPTIONS = frozenset({"pool_order", "pool_source", "retrieval_weight", "requery_weight", "max_candidates",
-                          "min_candidates", "link_weight", "backlink_weight", "link_top", "set_ranker_top"})
-# options added after configs were first written (left out of to_json at their defaults, so old configs still match)
-_ADDED_DEFAULTS = {"int8": False, "stop_at_pool": None, "prune_last_hop": False, "requery_weight": 0.0,
-                   "relabel_weight": 0.0, "query_chunks": None, "labeler_top": None, "rescore_top": 0,
-                   "rank_query": "query", "link_weight": 0.0, "backlink_weight": 0.0, "link_top": 5,
-                   "ranker_max_length": None, "label_last_hop": True, "set_ranker_top": 0}
+# The three kinds of option. ``loop``: what the loop reads and writes (retrieval depth, thresholds, queries, input
+# lengths). ``pool``: what acts after the loop, on its finished pools, so configs differing only in these share one
+# loop run (the tuner ranks one run under many). ``runtime``: how the models run (batch size, bf16, int8), which
+# changes no result beyond float rounding and which a service fixes at start-up.
+GROUPS = ("loop", "pool", "runtime")
 
 
 @dataclass(frozen=True)
@@ -85,15 +82,19 @@ def check_options(options: Any, where: str, prefix: str = "") -> None:
             raise ValueError(f"{where}: {prefix}{key} must be {RULES[key].describe()}, got {value!r}")
 
 
-def option(default: Any, rule: Rule, help: str, flag: str | None = None, dest: str | None = None,
-           per_request: bool = True):
-    """One loop option, declared once: its default, its :class:`Rule` and its help. :data:`RULES`, the CLI flags
-    (:func:`cli_flags`), the service's request schema (:func:`request_options`) and the docs table
-    (:func:`options_table`) are derived from these fields. ``flag``/``dest``: the command-line name where
-    ``--<name>`` is taken by a shared option. ``per_request=False``: how the models run (batch size, bf16, int8),
-    which a service fixes at start-up and a request cannot change."""
-    return field(default=default, metadata={"rule": rule, "help": help, "flag": flag, "dest": dest,
-                                            "per_request": per_request})
+def option(default: Any, rule: Rule, help: str, *, group: str, since: str | None = None, flag: str | None = None,
+           dest: str | None = None):
+    """One loop option, declared once: its default, its :class:`Rule`, its help and its ``group`` (:data:`GROUPS`).
+    :data:`RULES`, :data:`POOL_OPTIONS`, the CLI flags (:func:`cli_flags`), the service's request schema
+    (:func:`request_options`: every group but ``runtime``) and the docs table (:func:`options_table`) are derived
+    from these fields. ``since``: the date an option joined the config after the first loop configs were written;
+    :meth:`EfficientRAGConfig.to_json` leaves such an option out at its default, so a config written before it
+    existed is the same JSON as today's at that default (a tuning folder's rows resume, a run folder matches).
+    ``flag``/``dest``: the command-line name where ``--<name>`` is taken by a shared option."""
+    if group not in GROUPS:
+        raise ValueError(f"option group must be one of {GROUPS}, got {group!r}")
+    return field(default=default, metadata={"rule": rule, "help": help, "group": group, "since": since,
+                                            "flag": flag, "dest": dest})
 
 
 @dataclass
@@ -125,25 +126,16 @@ class EfficientRAGConfig:
     retrieves past the chunks it has seen (``dedup`` refill), so this costs nothing: a seen chunk the later
     query returned gets that score, one it did not return gets the lowest score that query returned (an
     upper bound), and a question whose loop stopped at hop 0 keeps its order.
-    ``relabel_weight`` (default 0, off) is the same idea with the Labeler instead of the retriever: at every
-    hop >= 1 the Labeler also reads each chunk of the earlier hops under that hop's queries, and the fused
-    orders add ``relabel_weight`` x its best p(<Continue>) under a later query (log-odds for ``fused_logit``;
-    a chunk found at a later hop counts its own p). The dense requery score only says the chunk is near the
-    bridge query; the Labeler reads them together, and it was trained to tag exactly this pair (a later
-    hop's gold under its query) <Continue>. It costs Labeler pairs (about one more hop-0 batch per later
-    hop) and changes only the pool's order, never the loop: tags, kept words and queries stay as they were.
-    Measured on MuSiQue dev with the queries of the 2026-11-25 recipe: no gain (reports/efficientrag/next-query).
     ``query_chunks`` (default None: all) caps how many <Continue> chunks, most confident first, give their kept
     words to a ``merged`` next query. That brings the Filter's input nearer what it was trained on (the
     oracle kept words of one or two gold chunks): at inference a hop can continue on a dozen chunks, and
     the bridge entity drowns in their words. ``query_chunks=1`` with a lower ``filter_threshold`` (0.1-0.2:
     a richer query suits dense retrieval) gave MuSiQue dev +2 to +3 points at 10 chunks.
-    Cost options (all off by default; ``scripts/bench_loop_cost.py`` measures them):
-    ``int8`` runs the Labeler and Filter with int8 dynamic quantization of their Linear layers (CPU only;
-    ignored, with a warning, on other devices). ``stop_at_pool`` ends a question's loop once its pool
-    holds that many <Continue> chunks. ``prune_last_hop`` skips, at the last hop (when kept words feed no
-    further query), chunks that cannot enter the capped pool (``pool_order`` fused/fused_logit with
-    ``max_candidates``, ``pool_source`` continue): exact, the results do not change.
+    ``int8`` (a cost option, off by default; ``scripts/bench_loop_cost.py`` measures it) runs the Labeler and
+    Filter with int8 dynamic quantization of their Linear layers (CPU only; ignored, with a warning, on other
+    devices). Three levers that no shipped config used and that measured no gain left the config on 2026-11-29:
+    ``relabel_weight`` (reports/efficientrag/next-query), ``prune_last_hop`` (reports/efficientrag/loop-cost,
+    ``report.md``) and ``stop_at_pool`` (never chosen by a tuning run); a file naming one is refused as unknown.
     ``pool_order: rank`` orders by relevance and ranks, never by a retriever's raw score, so one config
     carries across retrievers and corpus sizes: the pool ranker's logit (:class:`~effrag.models.RankerModel`,
     the Labeler's log-odds of <Continue> when the loop has no ranker) minus ``retrieval_weight`` x
@@ -177,81 +169,91 @@ class EfficientRAGConfig:
     query); the pool is the Labeler used as a reranker of everything the loop retrieved.
     """
 
-    hop_k: int = option(10, Rule(int, min=1), "chunks retrieved per query per hop (default 10)")
+    # ---- loop: what the loop reads and writes
+    hop_k: int = option(10, Rule(int, min=1), "chunks retrieved per query per hop (default 10)", group="loop")
     first_hop_k: int | None = option(None, Rule(int, min=1, optional=True),
-                                     "chunks retrieved for the question at hop 0 (default: hop_k)")
+                                     "chunks retrieved for the question at hop 0 (default: hop_k)", group="loop")
     max_hops: int = option(4, Rule(int, min=1),  # as the paper's released code (MAX_ITER = 4)
-                           "retrieval rounds, hop 0 included (default 4)")
+                           "retrieval rounds, hop 0 included (default 4)", group="loop")
     tag_threshold: float = option(0.5, Rule(float, min=0, max=1),
-                                  "p(<Continue>) needed to keep a chunk and go on (default 0.5)")
-    token_threshold: float = option(0.5, Rule(float, min=0, max=1), "keep probability of a chunk word (default 0.5)")
+                                  "p(<Continue>) needed to keep a chunk and go on (default 0.5)", group="loop")
+    token_threshold: float = option(0.5, Rule(float, min=0, max=1), "keep probability of a chunk word (default 0.5)",
+                                    group="loop")
     filter_threshold: float = option(0.5, Rule(float, min=0, max=1),
-                                     "keep probability of a next-query word (default 0.5)")
+                                     "keep probability of a next-query word (default 0.5)", group="loop")
     query_mode: str = option("merged", Rule(str, choices=QUERY_MODES),
-                             "merged: one next query per hop; per_chunk: one per <Continue> chunk")
+                             "merged: one next query per hop; per_chunk: one per <Continue> chunk", group="loop")
     dedup: str = option("refill", Rule(str, choices=DEDUP_MODES), "refill: up to hop_k unseen chunks per query; "
-                        "drop: seen chunks just leave the top hop_k")
-    max_branches: int = option(4, Rule(int, min=1), "per_chunk mode: next queries per question per hop (default 4)")
-    max_candidates: int | None = option(None, Rule(int, min=1, optional=True),
-                                        "cap on the candidate pool (default: none)")
-    min_candidates: int = option(0, Rule(int, min=0),
-                                 "top up the pool with the likeliest <Terminate> chunks (default 0)")
-    pool_order: str = option("hop", Rule(str, choices=POOL_ORDERS), "hop: earlier hop, then p(<Continue>); fused: "
-                             "p(<Continue>) + weight x retrieval score; fused_logit: logit p(<Continue>) + weight x "
-                             "retrieval score; rank: the ranker's logit - weight x log(1 + retrieval rank)")
-    pool_source: str = option("continue", Rule(str, choices=POOL_SOURCES),
-                              "continue: pool of <Continue> chunks (paper); seen: rank every chunk the Labeler read")
-    retrieval_weight: float = option(1.0, Rule(float), "fused and rank orders: weight of the retriever's score or "
-                                     "rank (default 1.0)")
-    requery_weight: float = option(0.0, Rule(float), "fused and rank orders: weight of a chunk's best score or rank "
-                                   "under the later hops' queries (default 0: off)")
-    relabel_weight: float = option(0.0, Rule(float), "fused orders: weight of a chunk's best p(<Continue>) when the "
-                                   "Labeler rereads it under a later hop's query (default 0: off)")
+                        "drop: seen chunks just leave the top hop_k", group="loop")
+    max_branches: int = option(4, Rule(int, min=1), "per_chunk mode: next queries per question per hop (default 4)",
+                               group="loop")
     query_chunks: int | None = option(None, Rule(int, min=1, optional=True), "merged queries: <Continue> chunks "
-                                      "(most confident first) whose kept words feed the next query (default: all)")
+                                      "(most confident first) whose kept words feed the next query (default: all)",
+                                      group="loop", since="2026-11-25")
     chunk_format: str = option("title_text", Rule(str, choices=CHUNK_FORMATS),
-                               "what a model reads of a chunk: title_text (default) or text")
-    batch_size: int = option(32, Rule(int, min=1), "Labeler/Filter/ranker forward batch size (default 32)",
-                             flag="--er-batch-size", dest="er_batch_size", per_request=False)
+                               "what a model reads of a chunk: title_text (default) or text", group="loop")
     labeler_max_length: int | None = option(None, Rule(int, min=1, optional=True),
-                                            "Labeler input length in sub-tokens (default: the trained length)")
+                                            "Labeler input length in sub-tokens (default: the trained length)",
+                                            group="loop")
     ranker_max_length: int | None = option(None, Rule(int, min=8, optional=True), "the ranker's input length in "
-                                           "sub-tokens (default: labeler_max_length, else the trained length)")
+                                           "sub-tokens (default: labeler_max_length, else the trained length)",
+                                           group="loop", since="2026-11-27")
     filter_max_length: int | None = option(None, Rule(int, min=1, optional=True),
-                                           "Filter input length in sub-tokens (default: the trained length)")
-    bf16: bool = option(False, Rule(bool), "bf16 autocast for the loop's models (fp32 on CPUs without native bf16)",
-                        flag="--er-bf16", dest="er_bf16", per_request=False)
-    int8: bool = option(False, Rule(bool), "int8 dynamic quantization of the Labeler/Filter Linear layers (CPU)",
-                        flag="--er-int8", per_request=False)
-    stop_at_pool: int | None = option(None, Rule(int, min=1, optional=True), "end a question's loop once its pool "
-                                      "holds this many <Continue> chunks (default: off)")
-    prune_last_hop: bool = option(False, Rule(bool),
-                                  "skip last-hop chunks that cannot enter the capped pool (exact)")
+                                           "Filter input length in sub-tokens (default: the trained length)",
+                                           group="loop")
     labeler_top: int | None = option(None, Rule(int, min=1, optional=True), "with a ranker: the Labeler reads only "
-                                     "each hop's N best-ranked new chunks (default: all)")
+                                     "each hop's N best-ranked new chunks (default: all)", group="loop",
+                                     since="2026-11-26")
     rescore_top: int = option(0, Rule(int, min=0), "with a ranker: it reads again, under a later hop's query, the "
-                              "earlier chunks among that query's top N hits (default 0: off)")
+                              "earlier chunks among that query's top N hits (default 0: off)", group="loop",
+                              since="2026-11-26")
     rank_query: str = option("query", Rule(str, choices=RANK_QUERIES), "with a ranker: what it reads a later hop's "
                              "chunks under, the hop's query (query) or the Filter's input, query + Info: kept words "
-                             "(info)")
-    link_weight: float = option(0.0, Rule(float, min=0), "rank order: bonus of a chunk whose title one of the "
-                                "link_top best chunks names (default 0: off)")
-    backlink_weight: float = option(0.0, Rule(float, min=0), "rank order: bonus of a chunk whose text names the title "
-                                    "of one of the link_top best chunks (default 0: off)")
-    link_top: int = option(5, Rule(int, min=1), "the best chunks whose links the link bonuses follow (default 5)")
-    set_ranker_top: int = option(0, Rule(int, min=0), "rank order: a set-wise model (the system's set-ranker/) "
-                                 "reorders the order's first N candidates, scoring them together (default 0: off)")
+                             "(info)", group="loop", since="2026-11-26")
     label_last_hop: bool = option(True, Rule(bool), "false: no Labeler reads at the last hop, where with a ranker, "
-                                  "pool_order rank and pool_source seen they change no result (default true)")
+                                  "pool_order rank and pool_source seen they change no result (default true)",
+                                  group="loop", since="2026-11-28")
+    # ---- pool: what acts on the finished pools (configs differing only here share one loop run)
+    max_candidates: int | None = option(None, Rule(int, min=1, optional=True),
+                                        "cap on the candidate pool (default: none)", group="pool")
+    min_candidates: int = option(0, Rule(int, min=0),
+                                 "top up the pool with the likeliest <Terminate> chunks (default 0)", group="pool")
+    pool_order: str = option("hop", Rule(str, choices=POOL_ORDERS), "hop: earlier hop, then p(<Continue>); fused: "
+                             "p(<Continue>) + weight x retrieval score; fused_logit: logit p(<Continue>) + weight x "
+                             "retrieval score; rank: the ranker's logit - weight x log(1 + retrieval rank)",
+                             group="pool")
+    pool_source: str = option("continue", Rule(str, choices=POOL_SOURCES),
+                              "continue: pool of <Continue> chunks (paper); seen: rank every chunk the Labeler read",
+                              group="pool")
+    retrieval_weight: float = option(1.0, Rule(float), "fused and rank orders: weight of the retriever's score or "
+                                     "rank (default 1.0)", group="pool")
+    requery_weight: float = option(0.0, Rule(float), "fused and rank orders: weight of a chunk's best score or rank "
+                                   "under the later hops' queries (default 0: off)", group="pool", since="2026-11-25")
+    link_weight: float = option(0.0, Rule(float, min=0), "rank order: bonus of a chunk whose title one of the "
+                                "link_top best chunks names (default 0: off)", group="pool", since="2026-11-26")
+    backlink_weight: float = option(0.0, Rule(float, min=0), "rank order: bonus of a chunk whose text names the title "
+                                    "of one of the link_top best chunks (default 0: off)", group="pool",
+                                    since="2026-11-26")
+    link_top: int = option(5, Rule(int, min=1), "the best chunks whose links the link bonuses follow (default 5)",
+                           group="pool", since="2026-11-26")
+    set_ranker_top: int = option(0, Rule(int, min=0), "rank order: a set-wise model (the system's set-ranker/) "
+                                 "reorders the order's first N candidates, scoring them together (default 0: off)",
+                                 group="pool", since="2026-11-29")
+    # ---- runtime: how the models run (fixed by a service at start-up, not per request)
+    batch_size: int = option(32, Rule(int, min=1), "Labeler/Filter/ranker forward batch size (default 32)",
+                             group="runtime", flag="--er-batch-size", dest="er_batch_size")
+    bf16: bool = option(False, Rule(bool), "bf16 autocast for the loop's models (fp32 on CPUs without native bf16)",
+                        group="runtime", flag="--er-bf16", dest="er_bf16")
+    int8: bool = option(False, Rule(bool), "int8 dynamic quantization of the Labeler/Filter Linear layers (CPU)",
+                        group="runtime", since="2026-11-23", flag="--er-int8")
 
     def __post_init__(self) -> None:
         for f in fields(self):  # type, range, allowed values: RULES
             rule = RULES.get(f.name)
             if rule is not None and not rule.accepts(getattr(self, f.name)):
                 raise ValueError(f"EfficientRAGConfig.{f.name} must be {rule.describe()}, got {getattr(self, f.name)!r}")
-        for name in ("requery_weight", "relabel_weight"):
-            if getattr(self, name) and self.pool_order == "hop":
-                raise ValueError(f"EfficientRAGConfig.{name} needs pool_order fused, fused_logit or rank, got 'hop'")
+        if self.requery_weight and self.pool_order == "hop":
+            raise ValueError("EfficientRAGConfig.requery_weight needs pool_order fused, fused_logit or rank, got 'hop'")
         for name in ("link_weight", "backlink_weight"):
             if getattr(self, name) and self.pool_order != "rank":
                 raise ValueError(f"EfficientRAGConfig.{name} needs pool_order rank, got {self.pool_order!r}")
@@ -281,16 +283,20 @@ class EfficientRAGConfig:
         return self.from_dict({**asdict(self), **changes})
 
     def to_json(self) -> dict[str, Any]:
-        """The options as a dict; options added later (``_ADDED_DEFAULTS``) are left out at their defaults, so
-        the configs written before they existed (tuning logs, run folders, loop-<dataset>.json) still match and
-        resume."""
-        d = asdict(self)
-        return {k: v for k, v in d.items() if k not in _ADDED_DEFAULTS or v != _ADDED_DEFAULTS[k]}
+        """The options as a dict, an option with a ``since`` date (:func:`option`) left out at its default: the
+        configs written before it existed (tuning logs, run folders, loop-<dataset>.json) are the same JSON."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.metadata["since"] is None or getattr(self, f.name) != f.default}
 
 
 # each option's rule, read off its field: the one check behind the CLI flags, loop config files,
 # from_pretrained, the service's config and the HTTP API
 RULES: dict[str, Rule] = {f.name: f.metadata["rule"] for f in fields(EfficientRAGConfig)}
+# each group's options, in field order
+OPTION_GROUPS: dict[str, tuple[str, ...]] = {g: tuple(f.name for f in fields(EfficientRAGConfig)
+                                                      if f.metadata["group"] == g) for g in GROUPS}
+# options that act after the loop, on its finished pools: configs differing only in these share one loop run
+POOL_OPTIONS = frozenset(OPTION_GROUPS["pool"])
 
 
 @dataclass(frozen=True)
@@ -312,17 +318,25 @@ def cli_flags() -> list[Flag]:
 
 def request_options() -> dict[str, Rule]:
     """The options one request of a service may set (``effrag serve``'s request schema), with their rules."""
-    return {f.name: f.metadata["rule"] for f in fields(EfficientRAGConfig) if f.metadata["per_request"]}
+    return {f.name: f.metadata["rule"] for f in fields(EfficientRAGConfig) if f.metadata["group"] != "runtime"}
 
 
 def options_table() -> str:
-    """The loop options as a Markdown table (name, default, accepted values, what it does): the docs' table."""
+    """The loop options as Markdown, one table per group (name, default, accepted values, what it does): the docs'
+    tables."""
     default = EfficientRAGConfig()
-    rows = ["| option | default | accepts | what it does |", "|---|---|---|---|"]
-    for f in fields(EfficientRAGConfig):
-        rows.append(f"| `{f.name}` | `{getattr(default, f.name)!r}` | {f.metadata['rule'].describe()} | "
-                    f"{f.metadata['help']} |")
-    return "\n".join(rows) + "\n"
+    titles = {"loop": "Loop options: what the loop reads and writes",
+              "pool": "Pool options: what acts on the finished pools",
+              "runtime": "Runtime options: how the models run (a service fixes them at start-up)"}
+    out = []
+    for group in GROUPS:
+        rows = [f"## {titles[group]}", "", "| option | default | accepts | what it does |", "|---|---|---|---|"]
+        for f in fields(EfficientRAGConfig):
+            if f.metadata["group"] == group:
+                rows.append(f"| `{f.name}` | `{getattr(default, f.name)!r}` | {f.metadata['rule'].describe()} | "
+                            f"{f.metadata['help']} |")
+        out.append("\n".join(rows) + "\n")
+    return "\n".join(out)
 
 
 def build_config(config: EfficientRAGConfig | dict | str | None = None, **overrides: Any) -> EfficientRAGConfig:

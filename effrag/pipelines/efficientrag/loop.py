@@ -39,7 +39,7 @@ from ..result import Chunk, Result
 from .config import CONTINUE, TERMINATE, EfficientRAGConfig
 from .models import int8_copy
 from .pool import rank_pool
-from .state import LoopState, logit
+from .state import LoopState
 
 
 @dataclass
@@ -50,7 +50,6 @@ class _Step:
     entry: dict[str, Any]  # the hop's trace record, appended to state.trace when the hop ends
     cont: list[Chunk] = field(default_factory=list)  # the hop's <Continue> chunks
     n_pairs: int = 0  # new chunks read (timing shares)
-    n_relabel: int = 0  # earlier chunks the Labeler read again (relabel_weight)
     n_jobs: int = 0  # Filter inputs
 
 
@@ -138,7 +137,7 @@ class EfficientRAGLoop:
         t_rest = max(0.0, time.perf_counter() - t_hop - t_ret - t_lab - t_fil)
         for w in steps:
             self._record(hop, w, t_ret * len(w.state.queries) / len(reqs),
-                         t_lab * (w.n_pairs + w.n_relabel) / max(1, n_labeled),
+                         t_lab * w.n_pairs / max(1, n_labeled),
                          t_fil * w.n_jobs / max(1, n_jobs), t_rest / len(steps))
 
     # ------------------------------------------------------------------ the steps of a hop
@@ -154,7 +153,7 @@ class EfficientRAGLoop:
                     ) -> tuple[list[_Pair], list[tuple[_Step, int, Any]]]:
         """Step 2: up to ``hop_k`` chunks per query that the question has not seen in any hop (the pairs to
         read), and with ``rescore_top`` the seen chunks a later query retrieves again (the ranker reads them)."""
-        cfg, last = self.config, hop + 1 >= self.config.max_hops
+        cfg = self.config
         pairs: list[_Pair] = []
         rescore: list[tuple[_Step, int, Any]] = []
         hop_k = self._hop_k(hop)
@@ -177,10 +176,6 @@ class EfficientRAGLoop:
                 else:
                     s.seen.add(h.id)
                     new.append((r, h))
-            if last and cfg.prune_last_hop:  # counted in the trace as "pruned" (only with the option on)
-                kept_new = [(r, h) for r, h in new if not self._prunable(s, h)]
-                w.entry["pruned"] = w.entry.get("pruned", 0) + len(new) - len(kept_new)
-                new = kept_new
             pairs += [(w, qi, h, r) for r, h in new]
             w.n_pairs += len(new)
             w.entry["retrieved"].append([h.id for _, h in new])
@@ -209,36 +204,27 @@ class EfficientRAGLoop:
     def _label(self, hop: int, steps: list[_Step], pairs: list[_Pair], pair_words: list[tuple[str, ...]],
                rank_scores: list[float | None]) -> tuple[int, float]:
         """Step 3b: the Labeler reads the hop's pairs in one call (with ``labeler_top`` only each question's
-        best-ranked ones; with ``relabel_weight`` also every earlier chunk under this hop's queries, for the pool
-        order only); each read pair joins the pool (<Continue>) or is rejected. Returns the items the Labeler's
-        time is shared by (pairs + re-reads) and its time."""
+        best-ranked ones); each read pair joins the pool (<Continue>) or is rejected. Returns the pairs the
+        Labeler's time is shared by and its time."""
         cfg = self.config
         read = self._labeler_reads(hop, pairs, rank_scores)
-        relabel = [(w, qi, c) for w in steps for qi in range(len(w.state.queries))
-                   for c in w.state.pool + w.state.rejected] if hop and cfg.relabel_weight else []
-        for w, _, _ in relabel:
-            w.n_relabel += 1
         to_read = [i for i in range(len(pairs)) if read[i]]
-        items = [pairs[i][:3] for i in to_read] + relabel
-        cwords = [pair_words[i] for i in to_read] + self._chunk_words([c for _, _, c in relabel])
+        items = [pairs[i][:3] for i in to_read]
+        cwords = [pair_words[i] for i in to_read]
         t0 = time.perf_counter()
         preds = self._lab.predict([w.state.queries[qi] for w, qi, _ in items], cwords, batch_size=cfg.batch_size,
                                   max_length=cfg.labeler_max_length, bf16=cfg.bf16) if items else []
         t_lab = time.perf_counter() - t0
-        for (w, _, c), (p, _) in zip(relabel, preds[len(to_read):]):
-            w.state.relabels[c.id] = max(float(p), w.state.relabels.get(c.id, 0.0))
         label_of = dict(zip(to_read, preds))
         for i, ((w, qi, h, r), ws, rs) in enumerate(zip(pairs, pair_words, rank_scores)):
             self._admit(hop, w, qi, h, r, ws, rs, *label_of.get(i, (None, None)))
-        return len(pairs) + len(relabel), t_lab
+        return len(pairs), t_lab
 
     def _admit(self, hop: int, w: _Step, qi: int, h: Any, r: int, ws: list[str], rs: float | None,
                p: float | None, probs: Any) -> None:
         """One new pair into the pool (tagged <Continue>, with its kept words) or the rejected chunks, and its
         trace row (``p_continue`` None: the Labeler did not read it)."""
         cfg, s = self.config, w.state
-        if p is not None and hop and cfg.relabel_weight:
-            s.relabels[h.id] = max(float(p), s.relabels.get(h.id, 0.0))
         go = p is not None and p >= cfg.tag_threshold
         kept = [x for x, pr in zip(ws, probs) if pr >= cfg.token_threshold] if go else []
         c = Chunk(id=h.id, title=h.title, text=h.text, score=float(p or 0.0), hop=hop, kept_words=kept,
@@ -255,14 +241,12 @@ class EfficientRAGLoop:
 
     def _write_queries(self, hop: int, steps: list[_Step]) -> tuple[int, float]:
         """Step 4: the Filter turns each question's query + kept words into its next queries (not after the last
-        hop, nor for a question whose pool is full). Returns the number of Filter inputs and the Filter's time."""
+        hop). Returns the number of Filter inputs and the Filter's time."""
         cfg = self.config
         if hop + 1 >= cfg.max_hops:
             return 0, 0.0
         jobs: list[tuple[_Step, str, list[list[str]]]] = []
         for w in steps:
-            if self._pool_full(w.state):
-                continue
             conts = sorted(w.cont, key=lambda c: -c.score)
             if cfg.query_mode == "merged":  # one query per hop: the hop's query + every kept block
                 jobs += [(w, w.state.queries[0], [c.kept_words for c in conts[: cfg.query_chunks]])] if conts else []
@@ -292,8 +276,6 @@ class EfficientRAGLoop:
             w.entry["stop"] = "no_continue" if w.n_pairs else "no_new_chunks"
         elif last:
             w.entry["stop"] = "max_hops"
-        elif self._pool_full(s):
-            w.entry["stop"] = "pool_full"
         s.timing["retrieval"] += t_ret
         s.timing["labeler"] += t_lab
         s.timing["filter"] += t_fil
@@ -390,25 +372,6 @@ class EfficientRAGLoop:
         if id(model) not in self._int8:
             self._int8[id(model)] = (model, int8_copy(model))
         return self._int8[id(model)][1]
-
-    def _pool_full(self, s: LoopState) -> bool:
-        """``stop_at_pool``: the question has enough <Continue> chunks to stop writing queries."""
-        return self.config.stop_at_pool is not None and len(s.pool) >= self.config.stop_at_pool
-
-    def _prunable(self, s: LoopState, h: Any) -> bool:
-        """At the last hop with ``prune_last_hop``: whether chunk ``h`` cannot enter the capped pool whatever
-        the Labeler says (``max_candidates`` pool chunks already outrank its best possible score)."""
-        cfg = self.config
-        if (cfg.max_candidates is None or cfg.pool_source != "continue" or len(s.pool) < cfg.max_candidates
-                or cfg.requery_weight or cfg.relabel_weight  # later queries' scores unknown: nothing exact to prune
-                or cfg.pool_order == "rank"):  # a ranker's or the Labeler's score is unknown before it reads
-            return False
-        if cfg.pool_order == "hop":  # every pool chunk is from an earlier hop
-            return True
-        best = (lambda c: c.score) if cfg.pool_order == "fused" else (lambda c: logit(c.score))
-        fused = sorted((best(c) + cfg.retrieval_weight * c.retrieval_score for c in s.pool), reverse=True)
-        top = (1.0 if cfg.pool_order == "fused" else logit(1.0)) + cfg.retrieval_weight * float(h.score)
-        return top <= fused[cfg.max_candidates - 1]  # ties go to the earlier hop: it stays out
 
     def _hop_k(self, hop: int) -> int:
         return self.config.first_hop_k if hop == 0 and self.config.first_hop_k else self.config.hop_k

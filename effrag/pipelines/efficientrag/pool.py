@@ -51,8 +51,7 @@ def rank_pool(s: LoopState, cfg: EfficientRAGConfig, set_ranker=None) -> Result:
         order = scores
     elif cfg.pool_order in ("fused", "fused_logit"):
         conf = (lambda p: p) if cfg.pool_order == "fused" else logit  # how a p(<Continue>) enters the sum
-        later = lambda c: (cfg.requery_weight * requery.get(c.id, 0.0)  # noqa: E731
-                           + (cfg.relabel_weight * conf(s.relabels[c.id]) if c.id in s.relabels else 0.0))
+        later = lambda c: cfg.requery_weight * requery.get(c.id, 0.0)  # noqa: E731
         order = {c.id: conf(c.score) + cfg.retrieval_weight * c.retrieval_score + later(c) for c in s.pool + s.rejected}
         pool_key = extra_key = lambda c: (-order[c.id], c.hop)  # noqa: E731
     else:
@@ -81,8 +80,6 @@ def rank_pool(s: LoopState, cfg: EfficientRAGConfig, set_ranker=None) -> Result:
     timing["other"] += set_seconds
     timing["total"] = sum(timing.values())
     extra = {"requery_scores": {c.id: requery[c.id] for c in pool if c.id in requery}} if cfg.requery_weight else {}
-    if cfg.relabel_weight:
-        extra["relabel_scores"] = {c.id: s.relabels[c.id] for c in pool if c.id in s.relabels}
     return Result(question=s.question, chunks=pool, hops=s.trace, iterations=s.iterations, timing=timing,
                   extra=extra)
 

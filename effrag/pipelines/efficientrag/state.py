@@ -34,8 +34,6 @@ class LoopState:
     iterations: int = 0
     # requery_weight: each hop >= 1 query's hits ({chunk id: (score, 0-based rank)}) and how many there were
     requeries: list[tuple[dict[str, tuple[float, int]], int]] = field(default_factory=list)
-    # relabel_weight: each chunk's best p(<Continue>) under a hop >= 1 query
-    relabels: dict[str, float] = field(default_factory=dict)
     # rescore_top: each earlier chunk's best ranker logit under a hop >= 1 query that retrieved it again
     rescores: dict[str, float] = field(default_factory=dict)
     # rank_query "info": each next query's Filter input ("<query> Info: <kept words>"), what the ranker reads

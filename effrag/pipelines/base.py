@@ -110,6 +110,13 @@ class Pipeline:
             raise ValueError(f"{where}: {prefix}options: {e}") from None
 
     @classmethod
+    def request_rules(cls) -> dict[str, Any]:
+        """The options one request to ``effrag serve`` may set for this method, each with its rule (an object with
+        ``type``, ``min``, ``max``, ``choices`` and ``optional``, as :class:`~.efficientrag.config.Rule`): the
+        service's request schema. A subset of :attr:`call_options`; default none."""
+        return {}
+
+    @classmethod
     def system_options(cls, model: str | None = None, config_file: str | None = None) -> dict[str, Any]:
         """Keywords for ``cls(...)`` that load the trained system ``model`` (a folder or a shipped name; None: the
         method's default system), with ``config_file`` in place of the system's own settings. Only for a method
@@ -204,6 +211,8 @@ def _scan() -> None:
     for info in pkgutil.iter_modules([str(Path(__file__).parent)], package + "."):
         if info.name != __name__:
             _try_import(info.name)
+    for module in sorted(set(KNOWN_MODULES.values())):  # a method in a sub-package (efficientrag.pipeline)
+        _try_import(module)
 
 
 def _lookup(name: str) -> type[Pipeline] | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..batching import MicroBatcher, Unavailable
-from ..pipelines.efficientrag.config import request_options
+from ..pipelines import available_pipelines, get_pipeline_class
 from .config import ServeConfig, ServerSection, load_config
 from .service import Service, build_service
 
@@ -122,7 +122,9 @@ def create_app(config: ServeConfig | dict | str | Path, service: Service | None 
     from effrag import __version__
 
     cfg = config if isinstance(config, ServeConfig) else load_config(config)
-    RetrieveRequest, AnswerRequest = _request_models(cfg.server)
+    rules = get_pipeline_class(cfg.method.name).request_rules()  # what the served method's class lets a request set
+    RetrieveRequest, AnswerRequest = _request_models(cfg.server, rules)
+    elsewhere = _other_methods_options(cfg.method.name, rules)
     lifecycle = Lifecycle()
 
     @asynccontextmanager
@@ -153,6 +155,11 @@ def create_app(config: ServeConfig | dict | str | Path, service: Service | None 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
         errs = [{k: v for k, v in e.items() if k not in ("ctx", "input", "url")} for e in exc.errors()]
+        foreign = sorted({str(e["loc"][-1]) for e in errs if e.get("type") == "extra_forbidden"
+                          and len(e.get("loc", ())) == 2 and e["loc"][-1] in elsewhere})
+        if foreign and len(foreign) == len(errs):  # another method's option: the request is well formed, not ours
+            return error(400, f"method {cfg.method.name} takes no {', '.join(foreign)} "
+                              f"(its per-request options: {', '.join(sorted(rules)) or 'none'})")
         msg = "; ".join(f"invalid JSON body (character {e['loc'][-1]})" if e.get("type") == "json_invalid" else
                         f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body') or 'body'}: {e.get('msg')}"
                         for e in errs)
@@ -174,9 +181,9 @@ def create_app(config: ServeConfig | dict | str | Path, service: Service | None 
 
     async def retrieve(request: Request, questions: list[str], body) -> tuple[list | None, Any]:
         svc, batcher = request.app.state.service, request.app.state.batcher
-        opts = {t: getattr(body, t) for t in request_options() if getattr(body, t) is not None}
+        opts = {t: getattr(body, t) for t in rules if getattr(body, t) is not None}
         bad = sorted(set(opts) - svc.source.options)
-        if bad:
+        if bad:  # the schema is the method's; a service built another way (a plain search) may take fewer
             return None, error(400, f"method {svc.info['method']} takes no {', '.join(bad)} "
                                     f"(its per-request options: {', '.join(sorted(svc.source.options)) or 'none'})")
         try:
@@ -232,9 +239,20 @@ def create_app(config: ServeConfig | dict | str | Path, service: Service | None 
 
     return app
 
-def _request_models(server: ServerSection):
-    """Request bodies with this server's limits and every loop option a request may set, each with the loop's own
-    rule (:func:`effrag.pipelines.efficientrag.config.request_options`), so they show in the OpenAPI schema."""
+def _other_methods_options(method: str, rules: dict) -> frozenset[str]:
+    """The per-request options of every other registered method that the served one lacks: such a field is a
+    well-formed request to the wrong method (400, naming what this one takes), not a typo (422)."""
+    names = set()
+    for name in available_pipelines():
+        if name != method:
+            names |= set(get_pipeline_class(name).request_rules())
+    return frozenset(names - set(rules))
+
+
+def _request_models(server: ServerSection, rules: dict):
+    """Request bodies with this server's limits and the options the served method's class lets a request set
+    (:meth:`effrag.pipelines.Pipeline.request_rules`), each with the method's own rule, so they show in the
+    OpenAPI schema."""
     from typing import Annotated
 
     from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model, model_validator
@@ -248,7 +266,7 @@ def _request_models(server: ServerSection):
         include_trace: Annotated[bool, Field(strict=True)] = True  # "yes" is an error, as a string top_k is
 
     _Options = create_model("_Options", __base__=_Base,
-                            **{name: (_field_type(rule), None) for name, rule in request_options().items()})
+                            **{name: (_field_type(rule), None) for name, rule in rules.items()})
 
     class RetrieveRequest(_Options):
         question: Question | None = None
@@ -267,7 +285,7 @@ def _request_models(server: ServerSection):
 
 
 def _field_type(rule):
-    """A loop option's :class:`~effrag.pipelines.efficientrag.config.Rule` as a request field's type (None: not
+    """A method option's rule (as :class:`~effrag.pipelines.efficientrag.config.Rule`) as a request field's type (None: not
     set): its range, its choices, no string for a number and no number for a flag."""
     from typing import Annotated, Literal
 

@@ -107,20 +107,51 @@ def test_retrieve_single_and_batch_match_the_retriever(server, bm25, questions):
     ({"question": "a", "top_k": 21}, 422, "top_k: Input should be less than or equal to 20"),
     ({"question": "a", "top_k": "3"}, 422, "top_k: Input should be a valid integer"),
     ({"question": "a", "qustion": "typo"}, 422, "qustion: Extra inputs are not permitted"),
-    ({"question": "a", "tag_threshold": 1.5}, 422, "tag_threshold: Input should be less than or equal to 1"),
-    ({"question": "a", "tag_threshold": 0.4}, 400, "method direct-r takes no tag_threshold"),
+    ({"question": "a", "tag_threshold": 0.4}, 400, "method direct-r takes no tag_threshold (its per-request options: "
+                                                   "none)"),
     ({"question": "a", "include_trace": "yes"}, 422, "include_trace: Input should be a valid boolean"),
-    # every loop option a request may set, with the loop's own rule (efficientrag.config.request_options)
-    ({"question": "a", "link_weight": -1}, 422, "link_weight: Input should be greater than or equal to 0"),
-    ({"question": "a", "max_hops": "2"}, 422, "max_hops: Input should be a valid integer"),
-    ({"question": "a", "pool_order": "best"}, 422, "pool_order: Input should be 'hop', 'fused', 'fused_logit' or 'rank'"),
-    ({"question": "a", "batch_size": 4}, 422, "batch_size: Extra inputs are not permitted"),  # fixed at start-up
-    ({"question": "a", "link_weight": 3}, 400, "method direct-r takes no link_weight"),
+    # the schema is the served method's (Pipeline.request_rules): another method's option is a 400 naming it
+    ({"question": "a", "link_weight": 3, "max_hops": 2}, 400, "method direct-r takes no link_weight, max_hops"),
+    ({"question": "a", "max_hops": 2, "qustion": "b"}, 422, "qustion: Extra inputs are not permitted"),
+    ({"question": "a", "batch_size": 4}, 422, "batch_size: Extra inputs are not permitted"),  # no method's request
 ])
 def test_bad_requests_get_clear_errors(server, body, status, message):
     r = post(server, "/retrieve", body)
     assert r.status_code == status, r.text
     assert message in r.json()["error"]
+
+
+def test_the_openapi_schema_is_the_served_methods(server):
+    spec = httpx.get(server.url + "/openapi.json").json()["components"]["schemas"]
+    fields = set(spec["RetrieveRequest"]["properties"])
+    assert fields == {"question", "questions", "top_k", "include_trace"}  # direct-r: no per-request options
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"tag_threshold": 1.5}, "tag_threshold: Input should be less than or equal to 1"),
+    ({"link_weight": -1}, "link_weight: Input should be greater than or equal to 0"),
+    ({"max_hops": "2"}, "max_hops: Input should be a valid integer"),
+    ({"pool_order": "best"}, "pool_order: Input should be 'hop', 'fused', 'fused_logit' or 'rank'"),
+    ({"batch_size": 4}, "batch_size: Extra inputs are not permitted"),  # runtime: fixed at start-up
+])
+def test_an_efficientrag_request_schema_has_each_loop_options_own_rule(body, message):
+    """EfficientRAG's request schema: every loop and pool option with the loop's own rule (its request_rules), the
+    runtime ones left out. Checked on the request model the app builds (a served EfficientRAG: test_serve_startup)."""
+    import pydantic
+
+    from effrag.pipelines.efficientrag.config import OPTION_GROUPS
+    from effrag.pipelines.efficientrag.pipeline import EfficientRAGPipeline
+    from effrag.serve.app import _request_models
+    from effrag.serve.config import ServerSection
+
+    retrieve_request, _ = _request_models(ServerSection(), EfficientRAGPipeline.request_rules())
+    assert set(OPTION_GROUPS["loop"]) | set(OPTION_GROUPS["pool"]) <= set(retrieve_request.model_fields)
+    assert not set(OPTION_GROUPS["runtime"]) & set(retrieve_request.model_fields)
+    assert retrieve_request(question="a", tag_threshold=0.4, pool_order="rank").tag_threshold == 0.4
+    with pytest.raises(pydantic.ValidationError) as e:
+        retrieve_request(question="a", **body)
+    err = e.value.errors()[0]
+    assert f"{err['loc'][-1]}: {err['msg']}" == message
 
 
 def test_invalid_json_and_answer_without_llm(server):

@@ -22,7 +22,7 @@ from typing import Any
 from ..base import DEFAULT_RETRIEVER, Pipeline, register_pipeline
 from ..generation import Generator, answer_results
 from ..result import Result
-from .config import EfficientRAGConfig, build_config, cli_flags
+from .config import EfficientRAGConfig, build_config, cli_flags, request_options
 from .loop import EfficientRAGLoop
 from .models import load_models
 
@@ -138,6 +138,12 @@ class EfficientRAGPipeline(Pipeline):
             ranker = None  # a system's ranker only reads when the config ranks by it
         return cls(as_retriever(retriever, corpus), labeler=labeler_dir, filter=filter_dir, config=cfg,
                    ranker=ranker, generator=generator, vector_store=vector_store, set_ranker=set_ranker)
+
+    @classmethod
+    def request_rules(cls) -> dict[str, Any]:
+        """Every loop and pool option, with its rule; the runtime ones (batch size, bf16, int8) are fixed by a
+        service at start-up."""
+        return request_options()
 
     @classmethod
     def system_options(cls, model: str | None = None, config_file: str | None = None) -> dict[str, Any]:

@@ -117,27 +117,17 @@ class EfficientRAGPipeline(Pipeline):
         """
         from effrag.setup import RETRIEVER_KINDS, RunSetup, as_retriever
 
-        from .system import config_encoder, config_retriever, open_system
-
-        if filter_dir is None:
-            system = open_system(model, config if isinstance(config, (str, Path)) else None, dataset)
-            labeler_dir, filter_dir, ranker = system.labeler, system.filter, ranker or system.ranker
-            config = config if config is not None else system.config
-            set_ranker = system.set_ranker
-        else:
-            labeler_dir, set_ranker = model, None
-        cfg = build_config(config, **options)
+        names = {"model": model} if filter_dir is None else {"labeler": model, "filter": filter_dir}
+        given = {"config": config, "ranker": ranker, **options}
+        plan = cls.plan({**names, **{k: v for k, v in given.items() if v is not None}}, dataset=dataset)
         if retriever is None or (isinstance(retriever, str) and retriever in RETRIEVER_KINDS):
-            kind = retriever or (config_retriever(config) if isinstance(config, (str, Path)) else None) or \
-                DEFAULT_RETRIEVER
+            kind = retriever or plan.retriever or DEFAULT_RETRIEVER
             if corpus is None:
                 raise ValueError(f"from_pretrained needs a retriever, or a corpus to build the {kind} retriever over")
-            encoder = config_encoder(config) if isinstance(config, (str, Path)) else None
-            retriever = RunSetup.build(corpus=corpus, retriever=kind, encoder=encoder, bf16=True, cache=False).retriever
-        if cfg.pool_order != "rank" and cfg.labeler_top is None:
-            ranker = None  # a system's ranker only reads when the config ranks by it
-        return cls(as_retriever(retriever, corpus), labeler=labeler_dir, filter=filter_dir, config=cfg,
-                   ranker=ranker, generator=generator, vector_store=vector_store, set_ranker=set_ranker)
+            retriever = RunSetup.build(corpus=corpus, retriever=kind, encoder=plan.encoder, bf16=True,
+                                       cache=False).retriever
+        return plan.build(as_retriever(retriever, corpus), generator=generator, vector_store=vector_store,
+                          dataset=dataset)
 
     @classmethod
     def request_rules(cls) -> dict[str, Any]:

@@ -132,7 +132,7 @@ class EfficientRAGConfig:
     bridge query; the Labeler reads them together, and it was trained to tag exactly this pair (a later
     hop's gold under its query) <Continue>. It costs Labeler pairs (about one more hop-0 batch per later
     hop) and changes only the pool's order, never the loop: tags, kept words and queries stay as they were.
-    Measured on MuSiQue dev with the queries of the 2026-11-25 recipe: no gain (reports/efficientrag/next-query).
+    Measured on MuSiQue dev with the queries of the 2026-11-25 recipe: no gain (reports/archive/efficientrag/next-query).
     ``query_chunks`` (default None: all) caps how many <Continue> chunks, most confident first, give their kept
     words to a ``merged`` next query. That brings the Filter's input nearer what it was trained on (the
     oracle kept words of one or two gold chunks): at inference a hop can continue on a dozen chunks, and

@@ -15,7 +15,7 @@ key matches a kept oracle Info word (every occurrence, so that repeats do not te
 bridge), and a non-content word between two kept words stays as glue. A record whose blocks cannot all be
 matched is left out (counted). The output holds the original records and the new ones.
 
-Measured, and not in the recipe (reports/efficientrag/next-query): a Filter trained on the original plus the
+Measured, and not in the recipe (reports/archive/efficientrag/next-query): a Filter trained on the original plus the
 exposed records (all 1,742 matched, Labeler at token threshold 0.2) lowered MuSiQue dev recall at 10 chunks
 from 71.90 to 69.07 over the same loop grid. It learned to keep fewer Info words (most of the Labeler's words
 are labeled 0), and dense retrieval does better with a richer query: a *lower* ``filter_threshold`` helped

@@ -11,7 +11,7 @@ method, as in the project's EfficientRAG figures):
 * ``efficientrag+kept``: the same pool, the reader reading only the words the Labeler kept
   (EfficientRAG's compression; the loop runs once for both rows);
 * ``irrr`` (with ``--irrr DIR``; loop options from ``--irrr-config FILE``, e.g. the recall-tuned
-  ``reports/irrr/recall/best.json``): IRRR's loop on BM25, its returned paragraphs read by the same reader.
+  ``reports/archive/irrr/recall/best.json``): IRRR's loop on BM25, its returned paragraphs read by the same reader.
 
 Every pool is read by :class:`effrag.pipelines.generation.ReaderGenerator` (packed windows, the
 most confident answers; ``--reader-mode each`` reads chunk by chunk). EM/F1 follow each
@@ -43,7 +43,7 @@ def parse_args(argv=None):
                          "efficientrag-all)")
     ap.add_argument("--irrr", metavar="DIR", default=None, help="IRRR checkpoint: adds an irrr row (BM25)")
     ap.add_argument("--irrr-config", metavar="FILE", type=Path, default=None,
-                    help="IRRR loop options as JSON (e.g. reports/irrr/recall/best.json); default: IRRR's defaults")
+                    help="IRRR loop options as JSON (e.g. reports/archive/irrr/recall/best.json); default: IRRR's defaults")
     add_data_args(ap)
     ap.add_argument("--direct-k", type=int, nargs="+", default=[10, 20])
     ap.add_argument("--reader-mode", choices=("together", "each"), default="together")

@@ -9,7 +9,7 @@ finished cells. ``report.md`` is the matrix of recall / average chunks.
 
     python scripts/transfer_efficientrag.py --data ../shared/data \\
         --models all=checkpoints/efficientrag-all hotpotqa=checkpoints/efficientrag-hotpotqa ... \\
-        --config hotpotqa=reports/efficientrag/tune-hotpotqa/best.json musique=... \\
+        --config hotpotqa=reports/archive/efficientrag/tune-hotpotqa/best.json musique=... \\
         --limit 200 --output reports/efficientrag/transfer
 """
 from __future__ import annotations

@@ -429,7 +429,7 @@ def run_cli(argv, capsys):
 def run_script(name: str, *args, cwd: Path | None = None, env: dict | None = None,
                timeout: int = 300) -> subprocess.CompletedProcess:
     """``python scripts/<name>.py args`` in a subprocess (the checkout on its path, offline, ``env`` added): a
-    script's command line under test as a user runs it. A report script runs on an uncommitted tree too
+    script's command line under test as a user runs it (``name`` may be below a folder: ``probes/profile_loop``). A report script runs on an uncommitted tree too
     (``EFFRAG_ALLOW_DIRTY=1``: the diff beside its report in the test's folder); tests/test_report_source.py tests
     the refusal."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),

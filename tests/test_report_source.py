@@ -3,7 +3,7 @@
 (``effrag.cli_args.add_source_args``), and then writes the diff beside its report.
 
 The function is tested on a real temporary git repository; the scripts are checked from their source: every script
-under ``scripts/`` is either a report script that checks the tree before its expensive work, or left out with a
+under ``scripts/`` and ``scripts/probes/`` is either a report script that checks the tree before its expensive work, or left out with a
 reason, so a new report script without the check fails here.
 """
 from __future__ import annotations
@@ -203,7 +203,8 @@ def test_the_static_check_finds_a_script_that_checks_too_late():
 
 
 def test_every_report_script_checks_the_tree_before_its_work():
-    scripts = {f.stem: f for f in (ROOT / "scripts").glob("*.py")}
+    scripts = {f.stem: f for f in [*(ROOT / "scripts").glob("*.py"), *(ROOT / "scripts" / "probes").glob("*.py")]}
+    assert set(REPORT_SCRIPTS) | set(LEFT_OUT) <= set(scripts), "a listed script that is gone"
     unclassified = sorted(set(scripts) - REPORT_SCRIPTS - set(LEFT_OUT))
     assert not unclassified, (f"{unclassified}: a script that writes a report checks the tree first (call "
                               "effrag.provenance.report_source after parsing, with effrag.cli_args.add_source_args), "

@@ -1,4 +1,4 @@
-"""The Labeler's <Continue>/<Terminate> accuracy by kind of (query, chunk) record (``scripts/labeler_breakdown.py``).
+"""The Labeler's <Continue>/<Terminate> accuracy by kind of (query, chunk) record (``scripts/probes/labeler_breakdown.py``).
 
 * ``negative``: a non-gold chunk (tag 0), as mined by synthesis;
 * ``gold, hop 1, under the question``: a first-hop gold chunk under the question itself;

@@ -207,7 +207,7 @@ def test_the_pareto_table_names_the_ranker_a_bench_read_with_and_marks_only_what
 
     root = Path(__file__).resolve().parents[2]
     bench = tmp_path / "bench"
-    shutil.copytree(root / "reports" / "efficientrag" / "loop-cost" / "cpu-v5-hotpotqa", bench)
+    shutil.copytree(root / "reports" / "archive" / "efficientrag" / "loop-cost" / "cpu-v5-hotpotqa", bench)
     report = json.loads((bench / "report.json").read_text())
     report["setup"]["ranker"] = "ranker-teacher"  # as if the bench had read with the teacher
     report["setup"]["ranker_length"] = 192

@@ -1,5 +1,5 @@
 """The Labeler's accuracy by kind of record (effrag.evaluation.labeler_breakdown), and its command line
-scripts/labeler_breakdown.py: the table it writes and its bad-input errors."""
+scripts/probes/labeler_breakdown.py: the table it writes and its bad-input errors."""
 from __future__ import annotations
 
 import json
@@ -41,7 +41,7 @@ def test_a_bad_records_file_is_named_with_its_line(tmp_path):
     with pytest.raises(ValueError, match="empty.jsonl: no records"):
         read_records(tmp_path / "empty.jsonl")
     # the command line: one error line naming the file, before any model loads (--labeler L is not a folder)
-    proc = run_script("labeler_breakdown", "--labeler", "L", "--records", tmp_path / "empty.jsonl",
+    proc = run_script("probes/labeler_breakdown", "--labeler", "L", "--records", tmp_path / "empty.jsonl",
                       "--output", tmp_path / "o")
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
         f"labeler_breakdown: error: {tmp_path / 'empty.jsonl'}: no records"], proc.stderr
@@ -52,7 +52,7 @@ def test_without_a_labeler_it_counts_the_records_of_each_kind(tmp_path):
     q = "Who founded the company that distributed UHF?"
     f = tmp_path / "labeler.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in [_rec("a", 1, q, 1), _rec("a", 2, q, 1), _rec("a", 2, "x", 1)]))
-    proc = run_script("labeler_breakdown", "--records", f, "--output", tmp_path / "o")
+    proc = run_script("probes/labeler_breakdown", "--records", f, "--output", tmp_path / "o")
     assert proc.returncode == 0, proc.stderr
     rows = json.loads((tmp_path / "o" / "breakdown.json").read_text())["rows"]
     assert [(r["kind"], r["n"], r["accuracy"]) for r in rows] == [

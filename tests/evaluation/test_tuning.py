@@ -259,7 +259,7 @@ def test_configs_that_differ_after_the_loop_share_one_run_and_score_as_alone(tin
 
 
 def test_probe_pool_ranking_compares_orders_within_the_seen_ceiling(tiny_efficientrag_dirs, tmp_path):
-    """scripts/probe_pool_ranking.py: the config's order, a cross-validated learned order and the oracle
+    """scripts/probes/probe_pool_ranking.py: the config's order, a cross-validated learned order and the oracle
     order of the seen chunks; no order beats the oracle, and bad options are usage errors."""
     import json
 
@@ -273,7 +273,7 @@ def test_probe_pool_ranking_compares_orders_within_the_seen_ceiling(tiny_efficie
     args = ["--labeler", str(tiny_efficientrag_dirs["labeler"]), "--filter", str(tiny_efficientrag_dirs["filter"]),
             "--er-config", str(cfg), "--questions", str(dev), "--limit", "8", "--retriever", "bm25",
             "--folds", "2", "--output", str(out)]
-    proc = run_script("probe_pool_ranking", *args)
+    proc = run_script("probes/probe_pool_ranking", *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     curves = report["curves"]
@@ -287,7 +287,7 @@ def test_probe_pool_ranking_compares_orders_within_the_seen_ceiling(tiny_efficie
     assert report["features"][0] == "labeler_logit" and len(report["weights"]) == len(report["features"]) > 3
     assert report["loop_config"]["requery_weight"] == 0.5
     assert "| learned (CV) |" in (out / "report.md").read_text()
-    proc = run_script("probe_pool_ranking", *args[:-4], "--folds", "1", "--output", out)
+    proc = run_script("probes/probe_pool_ranking", *args[:-4], "--folds", "1", "--output", out)
     assert proc.returncode == 2 and "--folds" in proc.stderr.strip().splitlines()[-1], proc.stderr
 
 

@@ -134,7 +134,7 @@ class EfficientRAGConfig:
     ``int8`` (a cost option, off by default; ``scripts/bench_loop_cost.py`` measures it) runs the Labeler and
     Filter with int8 dynamic quantization of their Linear layers (CPU only; ignored, with a warning, on other
     devices). Three levers that no shipped config used and that measured no gain left the config on 2026-11-29:
-    ``relabel_weight`` (reports/efficientrag/next-query), ``prune_last_hop`` (reports/efficientrag/loop-cost,
+    ``relabel_weight`` (reports/archive/efficientrag/next-query), ``prune_last_hop`` (reports/efficientrag/loop-cost,
     ``report.md``) and ``stop_at_pool`` (never chosen by a tuning run); a file naming one is refused as unknown.
     ``pool_order: rank`` orders by relevance and ranks, never by a retriever's raw score, so one config
     carries across retrievers and corpus sizes: the pool ranker's logit (:class:`~effrag.models.RankerModel`,

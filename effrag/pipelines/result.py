@@ -218,9 +218,8 @@ class Result:
         """The result a ``predictions.jsonl`` row was written from (:meth:`to_row`, plus the runner's question
         fields, which are not the method's): ``Result.from_row(r.to_row()).to_row() == r.to_row()``.
 
-        A row keeps chunk ids and scores, not texts: the chunks come back with empty titles and texts. Rows written
-        before the answer step had one place still read: an EfficientRAG row's ``trace["generation"]`` and an IRRR
-        row's ``generator`` become ``generation``, a trace written as a bare list of rounds becomes ``hops``.
+        A row keeps chunk ids and scores, not texts: the chunks come back with empty titles and texts. Every
+        committed row is in this one schema (``tests/evaluation/test_golden_predictions.py`` reads them all back).
         """
         missing = [k for k in ("retrieved", "scores") if k not in row]
         if missing:
@@ -230,13 +229,7 @@ class Result:
                              f"{len(row['scores'])} scores")
         hops, trace = _split_trace(row.get("trace"))
         generation = row.get("generation")
-        if hops and isinstance(trace, dict) and "generation" in trace:  # EfficientRAG rows before `generation`
-            trace = dict(trace)
-            generation = trace.pop("generation")
-            trace = trace or None
         extra = {k: v for k, v in row.items() if k not in _ROW_FIELDS}
-        if "generator" in extra and generation is None:  # IRRR rows before `generation`
-            generation = extra.pop("generator")
         return cls(question=row.get("question", ""),
                    chunks=[Chunk(id=str(i), title="", text="", score=float(s))
                            for i, s in zip(row["retrieved"], row["scores"])],

@@ -153,10 +153,11 @@ def encoder_mismatch(tuned: str | None, retriever, method: str = "the method") -
 
 
 # ---------------------------------------------------------------------------- the run setup
-# The keys of RunSetup.identity(). A record written before one of them was part of the identity lacks it; such
-# a key is not compared (check_same_run), so folders written then still resume where their settings match.
-IDENTITY_KEYS = ("dataset", "questions", "corpus_from", "corpus", "index", "retriever", "corpus_fingerprint",
+# The keys of RunSetup.identity(), and the identity's schema number: a record of another schema (or of none: written
+# before 2026-11-29, when a record could lack some of these keys) differs in "schema" and never resumes.
+IDENTITY_KEYS = ("schema", "dataset", "questions", "corpus_from", "corpus", "index", "retriever", "corpus_fingerprint",
                  "corpus_size", "encoder")
+IDENTITY_SCHEMA = 2
 
 
 @dataclass
@@ -284,10 +285,9 @@ class RunSetup:
         """The one run identity (:data:`IDENTITY_KEYS`): what was asked over what. Every resume check records it
         beside its own settings and compares with :func:`check_same_run`.
 
-        The keys are those ``effrag eval`` has always written in ``config.json``, so earlier output folders
-        still resume.
+        ``schema`` (:data:`IDENTITY_SCHEMA`) numbers the identity's shape: a record of another shape never resumes.
         """
-        return {"dataset": self.dataset, **self.sources, "retriever": self.kind,
+        return {"schema": IDENTITY_SCHEMA, "dataset": self.dataset, **self.sources, "retriever": self.kind,
                 "corpus_fingerprint": self.corpus.fingerprint(), "corpus_size": len(self.corpus),
                 "encoder": encoder_path(self.retriever)}
 
@@ -323,14 +323,12 @@ def _load_questions(questions: Any, dataset: str | None, limit: int | None, samp
 def run_differences(recorded: Mapping[str, Any], current: Mapping[str, Any], *,
                     may_change: Sequence[str] = ()) -> list[str]:
     """The keys whose values differ between a recorded run and this one (compared as JSON holds them; a missing
-    key reads as None), except ``may_change`` and the identity keys (:data:`IDENTITY_KEYS`) a record written
-    before them lacks."""
+    key reads as None), except ``may_change``."""
     import json
 
     recorded, current = (json.loads(json.dumps(d, default=str)) for d in (recorded, current))  # as files hold them
     keys = (set(recorded) | set(current)) - set(may_change)
-    return sorted(k for k in keys if recorded.get(k) != current.get(k)
-                  and not (k in IDENTITY_KEYS and k not in recorded))
+    return sorted(k for k in keys if recorded.get(k) != current.get(k))
 
 
 def same_run(recorded: Mapping[str, Any], current: Mapping[str, Any], *, may_change: Sequence[str] = ()) -> bool:

@@ -29,8 +29,8 @@ def test_from_args_pools_the_corpus_and_maps_gold(tmp_path):
     assert all(g and set(g) <= ids for g in setup.gold)  # every gold passage is a corpus id
     hits = setup.retriever.search(setup.texts[:1], 3)[0]
     assert len(hits) == 3 and all(h.id in ids for h in hits)
-    desc = setup.identity()  # the keys `effrag eval` has always written (earlier runs resume)
-    assert set(desc) == {"dataset", "questions", "corpus_from", "corpus", "index", "retriever",
+    desc = setup.identity()  # what was asked over what, and the schema of that record
+    assert set(desc) == {"schema", "dataset", "questions", "corpus_from", "corpus", "index", "retriever",
                          "corpus_fingerprint", "corpus_size", "encoder"}
     assert desc["questions"] == str(dev.resolve()) and desc["corpus_size"] == len(setup.corpus)
     assert any(p.name.startswith("bm25-") for p in tmp_path.iterdir())  # the index went to --cache-dir
@@ -167,8 +167,8 @@ def test_a_setup_without_questions_asks_question_files_over_one_corpus(tmp_path)
     assert other.questions is hot.questions and other.retriever is not hot.retriever and other.kind == "bm25"
 
 
-def test_check_same_run_names_the_differing_keys_and_lets_older_records_resume(tmp_path):
-    from effrag.setup import IDENTITY_KEYS, check_same_run, same_run
+def test_check_same_run_names_the_differing_keys_and_refuses_records_of_another_schema(tmp_path):
+    from effrag.setup import IDENTITY_KEYS, IDENTITY_SCHEMA, check_same_run, same_run
 
     setup = RunSetup.build(sample_path("hotpotqa", "dev"), limit=2, retriever="bm25", own_contexts=True, cache=False)
     now = {**setup.identity(), "method": "direct-r", "k": [10]}
@@ -179,6 +179,9 @@ def test_check_same_run_names_the_differing_keys_and_lets_older_records_resume(t
     assert same_run({**now, "started": "then"}, now, may_change=["started"])
     assert same_run({**now, "limit": None}, now)  # a missing key reads as None
     assert not same_run({**now, "reader": "r"}, now)
-    older = {k: v for k, v in now.items() if k not in ("corpus_size", "encoder")}  # written before they were identity
-    assert set(IDENTITY_KEYS) >= {"corpus_size", "encoder"} and same_run(older, now)
-    assert not same_run({**older, "corpus_fingerprint": "other"}, now)
+    # a record written before the identity had its schema lacks some keys: it differs in them (a missing key reads
+    # as None, as bm25's encoder is), and never resumes
+    older = {k: v for k, v in now.items() if k not in ("schema", "corpus_size", "encoder")}
+    assert set(IDENTITY_KEYS) >= {"schema", "corpus_size", "encoder"} and now["schema"] == IDENTITY_SCHEMA
+    with pytest.raises(ValueError, match=r"differs in: corpus_size, schema\)"):
+        check_same_run(older, now, tmp_path)

@@ -244,13 +244,13 @@ def direct_r_curve(retriever, questions: Sequence[str], gold: Sequence[Sequence[
 def tuning_setup(run, labeler: str | Path, filter: str | Path, ranker: str | Path | None,  # noqa: A002
                  base_config: Any, seed: int = 0) -> dict[str, Any]:
     """A tuning folder's ``setup``: the run identity (:meth:`effrag.setup.RunSetup.identity`) and what the grid
-    runs with (models and their weights' fingerprints, the base config). Rows resume under the same setup; the
-    keys tuning folders have always recorded keep their values, so folders written before the identity resume."""
+    runs with (models and their weights' fingerprints, the base config). Rows resume under the same setup only
+    (the identity's ``schema`` included)."""
     setup = {"questions": run.sources["questions"], "n": len(run.questions), "seed": seed,
              "retriever": getattr(run.retriever, "kind", None), "corpus_fingerprint": run.corpus.fingerprint(),
              "labeler": str(labeler), "filter": str(filter), "base_config": base_config.to_json(),
              "model_files": {"labeler": model_fingerprint(labeler), "filter": model_fingerprint(filter)}}
-    if ranker:  # only when given: tuning folders made without a ranker still resume
+    if ranker:
         setup["ranker"], setup["model_files"]["ranker"] = str(ranker), model_fingerprint(ranker)
     return {**run.identity(), **setup}
 

@@ -195,9 +195,9 @@ def test_run_grid_writes_the_tuning_folder_and_resumes(tiny_efficientrag_dirs, t
     assert json.loads((out / "tune_config.json").read_text())["grids"] == [["a"], ["b"]]
 
 
-def test_tuning_setup_is_the_run_identity_and_folders_written_before_it_resume(tiny_efficientrag_dirs, tmp_path):
-    """``tuning_setup`` = the run identity + the grid's models; a row whose setup predates the identity (the keys
-    tuning folders always recorded) still matches, a changed model does not; the shipped form has no paths."""
+def test_tuning_setup_is_the_run_identity_and_rows_of_another_schema_never_resume(tiny_efficientrag_dirs, tmp_path):
+    """``tuning_setup`` = the run identity (with its schema) + the grid's models; a row whose setup predates the
+    identity's schema does not match, nor does a changed model; the shipped form has no paths."""
     from effrag.data import sample_path
     from effrag.pipelines.efficientrag.config import EfficientRAGConfig
     from effrag.setup import IDENTITY_KEYS, RunSetup, same_run
@@ -211,8 +211,8 @@ def test_tuning_setup_is_the_run_identity_and_folders_written_before_it_resume(t
     assert set(IDENTITY_KEYS) <= set(setup) and setup["corpus_fingerprint"] == run.identity()["corpus_fingerprint"]
     older = {k: setup[k] for k in ("questions", "n", "seed", "retriever", "corpus_fingerprint", "labeler", "filter",
                                    "base_config", "model_files")}
-    assert same_run(older, setup)
-    assert not same_run({**older, "model_files": {"labeler": "x", "filter": "y"}}, setup)
+    assert not same_run(older, setup) and same_run(dict(setup), setup)
+    assert not same_run({**setup, "model_files": {"labeler": "x", "filter": "y"}}, setup)
     shipped = portable_setup(setup)
     assert shipped["questions"] == "hotpotqa/dev.jsonl" and shipped["corpus_from"] == ["hotpotqa/dev.jsonl"]
     assert shipped["labeler"] == "labeler" and not any(isinstance(v, str) and v.startswith("/") for v in shipped.values())

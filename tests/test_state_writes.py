@@ -24,7 +24,7 @@ _FOLDER = "written inside a temporary folder that is renamed whole (the folder i
 ALLOWED: dict[tuple[str, str], str] = {
     ("effrag/models/e5.py", "convert_e5"): _FOLDER,
     ("effrag/models/backbones.py", "save_converted"): _FOLDER,
-    ("effrag/training/loop.py", "train.save_model"): _FOLDER,
+    ("effrag/training/loop.py", "Run.save_model"): _FOLDER,
     ("data_synthesis/export.py", "_export"): "the folder `datasets` saves, swapped in whole (folder renames)",
     ("effrag/models/e5_reference.py", "EngineTokenizer.__init__"): "a C source compiled at once in a fresh build "
                                                                     "folder: not state",

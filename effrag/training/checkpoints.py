@@ -127,6 +127,18 @@ def plan_start(cfg: Config, overwrite: bool = False) -> StartPlan:
     return StartPlan("fresh")
 
 
+def finished_results(out_dir: Path) -> dict:
+    """A finished run's ``results.json`` (``plan_start``'s ``finished``), said in one line: a rerun trains nothing."""
+    try:
+        results = json.loads((out_dir / RESULTS_NAME).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{out_dir / RESULTS_NAME}: unreadable ({' '.join(str(e).split())}); "
+                          "--overwrite trains the run again") from None
+    main_print(f"{out_dir} is a finished run (step {results.get('global_step')} of {results.get('total_steps')}, "
+               f"{RESULTS_NAME} is there): nothing to train; --overwrite trains it again from step 0")
+    return results
+
+
 def config_changes(run_dir: Path, cfg: Config) -> list[str] | None:
     """Settings that differ between ``run_dir/config.yaml`` (a checkpoint's or a run's) and ``cfg``
     (run-control keys aside); None when that file is missing or unreadable (nothing to compare: never "no

@@ -50,6 +50,7 @@ CAPTION = ("D-R = Direct-R, the best of BM25, dense and hybrid (with each encode
            "labeler_top), the loop structures and the link design were settled, and the selection margin was set "
            "after a first look at the MuSiQue ones (effrag/pretrained/efficientrag-all/README.md). bf16 and fp32 "
            "kernels (CPU kinds) can move a cell by one passage, 1.3-1.7 points (docs/reliability.md).")
+SHIPPED = "shipped system efficientrag-all"  # what the table's title names as the system it ran
 # --small: the loop config of the smoke models (the shipped system brings its tuned ones)
 SMALL_CONFIG = {"first_hop_k": 20, "hop_k": 5, "max_hops": 2, "tag_threshold": 0.5, "token_threshold": 0.3,
                 "filter_threshold": 0.3, "query_chunks": 1, "pool_source": "seen", "pool_order": "rank",
@@ -165,7 +166,7 @@ def run_quickstart(workdir: str | Path = "runs/quickstart", retriever: str | Non
                            lambda ds=ds, setup=setup, files=files, out=out, name=name: _evaluate(
                                ds, setup, setups, files, out, llm, name))
     summary = summarize(rows)
-    _report(rows, summary, wd, stages.console, "--small smoke models" if small else "shipped system efficientrag-all")
+    _report(rows, summary, wd, stages.console, "--small smoke models" if small else SHIPPED)
     return rows
 
 
@@ -370,9 +371,14 @@ def terminal_table(t: dict[str, Any], width: int = 80):
     return table
 
 
-def _report(rows: list[dict], summary: list[dict], wd: Path, console, what: str) -> None:
+def comparison_markdown(t: dict[str, Any]) -> str:
+    """``comparison.md``: :func:`comparison_table`'s title, caption and every column."""
     from effrag.evaluation.report import md_table
 
+    return f"# {t['title']}\n\n{t['caption']}\n\n" + md_table(t["columns"], t["rows"])
+
+
+def _report(rows: list[dict], summary: list[dict], wd: Path, console, what: str) -> None:
     t = comparison_table(summary, what)
     table = terminal_table(t, console.width)
     console.print(table)
@@ -380,7 +386,7 @@ def _report(rows: list[dict], summary: list[dict], wd: Path, console, what: str)
 
     write_text_atomic(wd / "comparison.json", json.dumps(rows, indent=2))
     write_text_atomic(wd / "summary.json", json.dumps(summary, indent=2))
-    write_text_atomic(wd / "comparison.md", f"# {t['title']}\n\n{t['caption']}\n\n" + md_table(t["columns"], t["rows"]))
+    write_text_atomic(wd / "comparison.md", comparison_markdown(t))
     console.print(f"written: {wd / 'comparison.md'}")
     try:
         from effrag.evaluation.plots import write_report_plot

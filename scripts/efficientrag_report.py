@@ -409,12 +409,15 @@ def main(argv=None) -> int:
         print(f"plot skipped: {e}", file=sys.stderr)
     print(note + "\n" + t2 + "\n\n" + cv)
     if args.system:
-        write_card(args.system, note, t2, cv, report)
+        write_card(args.system, args.output, report)
     return 0
 
 
-def write_card(system: Path, note: str, t2: str, cv: str, report: dict) -> None:
-    """The system folder's README.md: its own head kept, the dev figures and the shipped configs rewritten."""
+def write_card(system: Path, output: Path, report: dict) -> None:
+    """The system folder's README.md: its own head kept, the dev figures (``output``'s table2.md and curve.md, between
+    the dev-figures markers that scripts/render_headline.py checks) and the shipped configs rewritten."""
+    from effrag.pretrained.card import dev_figures_markdown, markers
+
     card = system / "README.md"
     if (system / "export.json").is_file():  # a shipped system retuned in place: its head's table follows the new configs
         from effrag.training.export import shipped_card
@@ -429,8 +432,10 @@ def write_card(system: Path, note: str, t2: str, cv: str, report: dict) -> None:
     shipped = ["- `loop.json` (chosen jointly): " + json.dumps(_short(report["general"]["chosen"]["config"]))]
     shipped += [f"- `loop-{d}.json`: " + json.dumps(_short(r["chosen"]["config"]))
                 for d, r in report["per_dataset"].items()]
-    card.write_text(head + "\n## Dev figures (cross-fitted)\n\n" + note + "\n" + t2 + "\n\n### Recall at 1..10 chunks\n\n"
-                    + cv + "\n\n## Loop configs\n\n" + "\n".join(shipped) + "\n")
+    start, end = markers("dev-figures")
+    dev = dev_figures_markdown((output / "table2.md").read_text(), (output / "curve.md").read_text())
+    card.write_text(head + "\n## Dev figures (cross-fitted)\n\n" + start + "\n" + dev + end + "\n\n## Loop configs\n\n"
+                    + "\n".join(shipped) + "\n")
 
 
 def _short(config: dict) -> dict:

@@ -1,7 +1,11 @@
-"""Write the README's results table from the evidence ``reports/headline.json`` names (``effrag.evaluation.headline``).
+"""Write the headline figures from the evidence ``reports/headline.json`` names (``effrag.headline``).
 
-    python scripts/render_headline.py            # rewrite the table between the README's headline markers
-    python scripts/render_headline.py --check    # exit 1 when the README's table is stale
+    python scripts/render_headline.py            # rewrite every rendered block: the README's results table and its
+                                                 # copy of the quickstart's table, the shipped card's figures
+    python scripts/render_headline.py --check    # change nothing; exit 1 when a block is stale
+
+``--check`` also exits 1 when the committed quickstart output ran on another shipped system or sample than the
+installed one: that output is rerun, not rendered.
 """
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from effrag.evaluation.headline import headline_markdown, replace_block
+from effrag.headline import quickstart_inputs_stale, render_targets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,20 +22,28 @@ ROOT = Path(__file__).resolve().parents[1]
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--spec", type=Path, default=ROOT / "reports" / "headline.json")
-    p.add_argument("--readme", type=Path, default=ROOT / "README.md")
-    p.add_argument("--check", action="store_true", help="change nothing; exit 1 when the table is stale")
+    p.add_argument("--root", type=Path, default=ROOT, help="the checkout the spec's paths are relative to")
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 when a block is stale")
     args = p.parse_args(argv)
     try:
-        block = headline_markdown(json.loads(args.spec.read_text()), ROOT)
-        text = args.readme.read_text()
-        new = replace_block(text, block)
+        spec = json.loads(args.spec.read_text())
+        targets = render_targets(spec, args.root)
+        inputs = quickstart_inputs_stale(spec, args.root)
     except (OSError, ValueError, KeyError) as e:
         sys.exit(f"render_headline: {e}")
+    stale = [path for path, (now, new) in targets.items() if now != new]
     if args.check:
-        print("the README's table is " + ("current" if new == text else "stale: python scripts/render_headline.py"))
-        return 0 if new == text else 1
-    args.readme.write_text(new)
-    print(block)
+        for path in targets:
+            print(f"{path}: " + ("stale: python scripts/render_headline.py" if path in stale else "current"))
+        if inputs:
+            print(inputs)
+        return 1 if stale or inputs else 0
+    for path in stale:
+        (args.root / path).write_text(targets[path][1])
+        print(f"written: {path}")
+    if inputs:
+        print(inputs, file=sys.stderr)
+        return 1
     return 0
 
 

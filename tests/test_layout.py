@@ -82,7 +82,8 @@ LAYERS = (
     ("retrieval", "models", "llm", "prompts", "setup", "pretrained"),
     ("training", "pipelines"),
     ("evaluation", "tuning"),
-    ("cli_args", "cli", "codec_cli", "retrieve_cli", "run_config", "serve", "integrations", "api", "quickstart"),
+    ("cli_args", "cli", "codec_cli", "retrieve_cli", "run_config", "serve", "integrations", "api", "quickstart",
+     "headline"),
 )
 
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from effrag.quickstart import run_quickstart
+from effrag.quickstart import DATASETS, run_quickstart
 
 
 def _check_rows(rows, wd, n):
@@ -166,3 +166,38 @@ def test_every_shipped_loop_config_records_the_set_ranker_decision_of_its_commit
         assert shipped["set_ranker"] == json.loads(json.dumps(rebuilt["set_ranker"])), name
         assert shipped["config"].get("set_ranker_top", 0) == decision["top"], name
     assert (system / "set-ranker" / "set_ranker.json").is_file()
+
+
+def test_the_committed_quickstart_output_is_what_the_command_prints_of_its_figures():
+    """reports/quickstart/ keeps one run of the command: its summary.json holds the figures, which reports/headline.json
+    names and the README's copy of the table renders from (tests/test_headline.py). The printed table and
+    comparison.md beside it are what the command makes of those figures now, so a change to what it prints fails
+    here until it is rerun."""
+    from pathlib import Path
+
+    from effrag.data import load_questions, sample_path
+    from effrag.headline import quickstart_printed, quickstart_summary
+    from effrag.quickstart import SHIPPED, comparison_markdown, comparison_table
+
+    root = Path(__file__).resolve().parents[1]
+    spec = json.loads((root / "reports" / "headline.json").read_text())["quickstart"]
+    summary = quickstart_summary({"quickstart": spec}, root)
+    assert (root / spec["printed"]).read_text() == quickstart_printed(summary)
+    folder = (root / spec["evidence"]).parent
+    assert (folder / "comparison.md").read_text() == comparison_markdown(comparison_table(summary, SHIPPED))
+    assert [s["dataset"] for s in summary] == list(DATASETS)
+    for s in summary:  # every bundled dev question of each dataset
+        assert s["n"] == len(load_questions(sample_path(s["dataset"], "dev")))
+
+
+def test_the_committed_quickstart_output_ran_on_the_installed_system_and_sample():
+    """The committed figures are the command's expectations only for the shipped system and sample they ran on:
+    reports/headline.json records a digest of both, and a retrained or retuned system fails here until the quickstart
+    is rerun and its output committed."""
+    from pathlib import Path
+
+    from effrag.headline import quickstart_inputs_stale
+
+    root = Path(__file__).resolve().parents[1]
+    spec = json.loads((root / "reports" / "headline.json").read_text())
+    assert quickstart_inputs_stale(spec, root) is None

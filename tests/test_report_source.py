@@ -143,7 +143,7 @@ LEFT_OUT = {
     "make_sample": "cuts the bundled sample out of the data files",
     "paired_recall": "prints a comparison of two runs; writes no file",
     "portable_paths": "rewrites absolute paths in files",
-    "render_headline": "renders the README's table from committed reports; measures nothing",
+    "render_headline": "renders the README's tables and the shipped card from committed reports; measures nothing",
     "summarize_tuning": "prints a table of a tuning folder; writes no file",
     "synthesize_llm_sample": "synthesises training records under runs/",
     "train_models": "trains and installs checkpoints; its reader step runs tune_reader.py with --allow-dirty",

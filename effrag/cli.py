@@ -43,7 +43,15 @@ DATA_COMMANDS = ("synthesize", "irrr-data", "filter-data", "ranker-data", "ranke
 EXIT_USAGE = 2
 
 
-from effrag.cli_args import add_corpus_args, add_questions_args, add_retriever_args, output_dir, positive_int  # noqa: E402
+from effrag.cli_args import (  # noqa: E402
+    add_bf16_arg,
+    add_corpus_args,
+    add_encoder_arg,
+    add_questions_args,
+    add_retriever_args,
+    output_dir,
+    positive_int,
+)
 from effrag.pipelines.base import DEFAULT_METHOD  # noqa: E402  (the one default method of every front end)
 
 
@@ -134,9 +142,8 @@ def add_index_parser(sub) -> None:
                                        "(accelerate launch / torchrun -m effrag.cli index encode ...)")
     e.add_argument("--corpus", required=True, metavar="corpus.jsonl|DIR")
     _add_max_words_arg(e)
-    e.add_argument("--encoder", metavar="PATH|ALIAS", help="local HF encoder folder or alias (minilm, the default; "
-                                                          "e5-small: see effrag index build --help)")
-    e.add_argument("--bf16", action="store_true", help="bfloat16 autocast (see effrag index build --help)")
+    add_encoder_arg(e)
+    add_bf16_arg(e)
     e.add_argument("--output", required=True, metavar="DIR", type=output_dir,
                    help="the index folder `effrag index build --output DIR` will read the shards from")
     _add_encode_args(e)

@@ -12,7 +12,7 @@ import argparse
 import random
 from pathlib import Path
 
-from effrag.cli_args import positive_int
+from effrag.cli_args import add_bf16_arg, positive_int
 
 
 def sample_tokens(model, inputs: list[str], chunks: int = 4096, seed: int = 0, bf16: bool = True,
@@ -87,7 +87,7 @@ def add_codec_parser(sub) -> None:
                         "the ranker's MRR and the loop's recall, reports/scale/codec)")
     p.add_argument("--coarse", type=int, default=0, help="coarse centroids before the product quantiser (0: none)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-bf16", dest="bf16", action="store_false", help="read the passages in fp32")
+    add_bf16_arg(p, default=True, help="read the passages in fp32")
     p.set_defaults(func=_cmd_codec)
 
 

@@ -17,15 +17,13 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see effrag.retrieval.encoder
 
-from effrag.cli_args import DATASETS
 from effrag.evaluation import evaluate, markdown_table
 from effrag.pipelines import build_pipeline
 from effrag.provenance import provenance, report_source
-from effrag.setup import RunSetup, dataset_file, default_cache_dir
+from effrag.setup import RunSetup, dataset_file
 
 
 def run(args) -> list[dict]:
@@ -72,20 +70,26 @@ def write_report(entries: list[dict], args, argv: list[str], commit: str) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    from effrag.cli_args import add_data_dir_arg, add_source_args
+    from effrag.cli_args import (
+        add_batch_size_arg,
+        add_bf16_arg,
+        add_cache_dir_arg,
+        add_data_args,
+        add_encoder_arg,
+        add_output_arg,
+        add_source_args,
+    )
 
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_data_dir_arg(p)
-    p.add_argument("--datasets", nargs="+", default=list(DATASETS))
+    add_data_args(p)
     p.add_argument("--retrievers", nargs="+", default=["dense", "bm25"], choices=["dense", "bm25", "hybrid"])
     p.add_argument("--k", nargs="+", type=int, default=[10, 20, 30])
-    p.add_argument("--encoder", help="local encoder folder or alias (default all-MiniLM-L6-v2; e5-small)")
-    p.add_argument("--no-bf16", dest="bf16", action="store_false", help="fp32 encoding (default: bf16 autocast)")
-    p.add_argument("--batch-size", type=int, default=1, help="questions per retrieval call (1 = true latency)")
-    p.add_argument("--limit", type=int, help="only the first N dev questions of each dataset")
-    p.add_argument("--cache-dir", type=Path, default=default_cache_dir())
-    p.add_argument("--output", type=Path, default=Path("reports/direct_r"))
+    add_encoder_arg(p)
+    add_bf16_arg(p, default=True, help="fp32 encoding (default: bf16 autocast)")
+    add_batch_size_arg(p, 1, of="questions per retrieval call (1 = true latency)")
+    add_cache_dir_arg(p)
+    add_output_arg(p, "reports/direct_r")
     add_source_args(p)
     args = p.parse_args(argv)
     if min(args.k) <= 0:

@@ -22,7 +22,6 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -82,17 +81,25 @@ def mean(xs) -> float:
 
 
 def main(argv=None) -> int:
-    from effrag.cli_args import add_method_args, add_run_args, add_source_args
+    from effrag.cli_args import (
+        add_batch_size_arg,
+        add_llm_arg,
+        add_method_args,
+        add_output_arg,
+        add_run_args,
+        add_source_args,
+        add_threads_arg,
+    )
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_args(p, sample=True, retriever_default="dense")
     add_method_args(p, "efficientrag")
-    p.add_argument("--batch-size", type=int, default=32, help="questions per loop call in batched mode")
-    p.add_argument("--llm", help="LLM spec for the answer step (e.g. 'default'); omitted = retrieval only")
+    add_batch_size_arg(p, 32, of="questions per loop call in batched mode")
+    add_llm_arg(p, help="LLM spec for the answer step (e.g. 'default'); omitted = retrieval only")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    p.add_argument("--output", required=True, type=Path)
+    add_threads_arg(p, unset="torch's choice")
+    add_output_arg(p, required=True, help="folder bench.json, bench.md and per_question.jsonl are written to")
     add_source_args(p)
     args = p.parse_args(argv)
     from effrag.provenance import provenance, report_source

@@ -129,16 +129,22 @@ def bench(dataset: str, args, log) -> dict:
 
 
 def main(argv=None) -> int:
-    from effrag.cli_args import add_data_args, add_source_args, output_dir, positive_int
+    from effrag.cli_args import (
+        add_checkpoints_arg,
+        add_data_args,
+        add_output_arg,
+        add_source_args,
+        output_dir,
+        positive_int,
+    )
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_data_args(p, limit=False)
     add_source_args(p)
     p.add_argument("--chunks", type=positive_int, default=1000, help="the corpus's first N passages (default 1000)")
     p.add_argument("--unit-pairs", type=positive_int, default=256, help="(question, chunk) pairs timed as the unit")
-    p.add_argument("--checkpoints", "--model", dest="checkpoints", default="efficientrag-all",
-                   help="a system folder or shipped name")
-    p.add_argument("--output", type=output_dir, default="reports/efficientrag/index-cost")
+    add_checkpoints_arg(p, "efficientrag-all")
+    add_output_arg(p, "reports/efficientrag/index-cost", type=output_dir)
     args = p.parse_args(argv)
     import torch
 

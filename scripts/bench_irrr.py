@@ -33,10 +33,10 @@ COLUMNS = ["dataset", "method", "n", "recall", "avg_chunks", "em", "f1", "iterat
 
 
 def parse_args(argv=None):
-    from effrag.cli_args import add_data_args, add_source_args
+    from effrag.cli_args import add_data_args, add_irrr_arg, add_output_arg, add_source_args, add_threads_arg
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--irrr", required=True, help="IRRR checkpoint directory")
+    add_irrr_arg(ap, required=True)
     ap.add_argument("--labeler", help="EfficientRAG Labeler checkpoint (EfficientRAG skipped without)")
     ap.add_argument("--filter", help="EfficientRAG Filter checkpoint")
     add_data_args(ap)
@@ -44,8 +44,8 @@ def parse_args(argv=None):
     ap.add_argument("--irrr-config", action="append", default=None,
                     help='JSON IRRR loop options, e.g. {"answer_threshold": 1.0}; repeat for several IRRR rows')
     ap.add_argument("--er-config", help="EfficientRAG loop config JSON file")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads")
-    ap.add_argument("--output", required=True, type=Path)
+    add_threads_arg(ap, 1)
+    add_output_arg(ap, required=True)
     add_source_args(ap)
     return ap.parse_args(argv)
 

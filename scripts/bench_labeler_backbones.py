@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from effrag.cli_args import add_source_args
+from effrag.cli_args import add_batch_size_arg, add_bf16_arg, add_output_arg, add_questions_arg, add_source_args
 from effrag.evaluation.report import md_table
 from effrag.provenance import provenance, report_source
 
@@ -40,14 +40,14 @@ def pairs_from(questions_file: str, n: int) -> tuple[list[str], list[list[str]]]
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--questions", required=True)
+    add_questions_arg(ap, help="dataset file whose questions and context passages make the pairs")
     ap.add_argument("--backbones", nargs="+", default=["minilm", "smollm2"])
     ap.add_argument("--pairs", type=int, default=256)
-    ap.add_argument("--batch-size", type=int, default=32)
+    add_batch_size_arg(ap, 32, of="pairs per forward pass")
     ap.add_argument("--max-length", type=int, default=256)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--bf16", action="store_true")
-    ap.add_argument("--output", required=True)
+    add_bf16_arg(ap, help="bfloat16 autocast for the Labeler")
+    add_output_arg(ap, required=True, help="folder latency.json and latency.md are written to")
     add_source_args(ap)
     args = ap.parse_args()
     commit = report_source(args.output, args.allow_dirty)

@@ -104,7 +104,7 @@ def measure(llm, generator_cls, questions, chunks, dataset: str, batched: bool) 
 def main(argv=None) -> int:
     import torch
 
-    from effrag.cli_args import add_data_dir_arg, add_source_args
+    from effrag.cli_args import add_data_args, add_output_arg, add_source_args, add_threads_arg
     from effrag.evaluation.metrics import exact_match, f1
     from effrag.hardware import usable_cores
     from effrag.llm import default_gguf_path
@@ -113,15 +113,14 @@ def main(argv=None) -> int:
     from effrag.setup import RunSetup
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--dataset", default="hotpotqa")
-    add_data_dir_arg(p)
+    add_data_args(p, one=True, limit=False)
     p.add_argument("--n", type=int, default=16, help="first N dev questions")
     p.add_argument("--k", type=int, default=5, help="Direct-R chunks per prompt")
     p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
-    p.add_argument("--threads", type=int, default=None, help="threads for the multi-thread variants (default: all cores)")
+    add_threads_arg(p, help="threads for the multi-thread variants", unset="all usable cores")
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--gguf", default=None, help="GGUF file (default: the bundled SmolLM2-135M-Instruct)")
-    p.add_argument("--output", default="reports/llm")
+    add_output_arg(p, "reports/llm")
     add_source_args(p)
     args = p.parse_args(argv)
     commit = report_source(args.output, args.allow_dirty)

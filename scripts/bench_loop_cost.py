@@ -60,18 +60,17 @@ VARIANTS = {
 
 
 def main(argv=None) -> int:
-    from effrag.cli_args import add_data_dir_arg, add_source_args
+    from effrag.cli_args import add_checkpoints_arg, add_data_args, add_limit_arg, add_output_arg, add_source_args
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--dataset", default="hotpotqa")
-    add_data_dir_arg(p)
-    p.add_argument("--limit", type=int, default=64, help="first N dev questions")
+    g = add_data_args(p, one=True, limit=False)
+    add_limit_arg(g, 64, help="first N dev questions")
     p.add_argument("--batch", type=int, default=16, help="questions per loop.run in the batched run")
     p.add_argument("--single", type=int, default=8, help="questions run one at a time")
     p.add_argument("--unit-pairs", type=int, default=256, help="baseline pairs timed as the unit after each variant")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    p.add_argument("--checkpoints", "--model", dest="checkpoints", default=DEFAULT_SYSTEM,
-                   help="a system folder or shipped name (labeler/, filter/, [ranker/], loop-<dataset>.json)")
+    add_checkpoints_arg(p, DEFAULT_SYSTEM, help="a system folder or shipped name (labeler/, filter/, [ranker/], "
+                                                "loop-<dataset>.json)")
     p.add_argument("--general", action="store_true", help="the system's general loop.json instead of its "
                    "loop-<dataset>.json (what a corpus of your own gets)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
@@ -79,7 +78,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-prepare", dest="prepare", action="store_false",
                    help="leave the corpus unsplit and untokenised until a question reads a chunk (the loop before "
                         "EfficientRAGLoop.prepare; effrag eval and serve prepare it when they open the system)")
-    p.add_argument("--output", default="reports/efficientrag/loop-cost")
+    add_output_arg(p, "reports/efficientrag/loop-cost")
     add_source_args(p)
     args = p.parse_args(argv)
     from effrag.provenance import report_source

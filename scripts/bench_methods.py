@@ -33,28 +33,39 @@ COLUMNS = ["method", "dataset", "n", "recall", "avg_chunks", "em", "f1", "llm_ca
 
 
 def parse_args(argv=None):
-    from effrag.cli_args import add_source_args
+    from effrag.cli_args import (
+        add_batch_size_arg,
+        add_corpus_from_arg,
+        add_limit_arg,
+        add_llm_arg,
+        add_output_arg,
+        add_questions_arg,
+        add_reader_arg,
+        add_retriever_arg,
+        add_seed_arg,
+        add_source_args,
+    )
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--questions", nargs="+", required=True, help="dev files (original formats)")
-    ap.add_argument("--limit", type=int, default=5, help="first N questions of each file")
-    ap.add_argument("--llm", default="default", help="LLM spec (default: SmolLM2 GGUF in process)")
+    add_questions_arg(ap, nargs="+", help="dev files (original formats)")
+    add_limit_arg(ap, 5, help="first N questions of each file")
+    add_llm_arg(ap, "default")
     ap.add_argument("--methods", nargs="+", default=["direct-r", *LLM_METHODS, "efficientrag"])
     ap.add_argument("--k", type=int, default=None, help="chunks per retrieval (default: each method's own)")
-    ap.add_argument("--retriever", choices=["bm25", "dense"], default="bm25")
-    ap.add_argument("--corpus-from", nargs="*", default=[], help="extra files whose contexts join the corpus")
-    ap.add_argument("--reader", default="checkpoints/reader-all", help="SearChain reader checkpoint")
+    add_retriever_arg(ap, "bm25", choices=["bm25", "dense"])
+    add_corpus_from_arg(ap, help="extra files whose contexts join the corpus")
+    add_reader_arg(ap, "checkpoints/reader-all", help="SearChain reader checkpoint")
     ap.add_argument("--labeler", help="EfficientRAG Labeler checkpoint")
     ap.add_argument("--filter", help="EfficientRAG Filter checkpoint")
     ap.add_argument("--er-config", type=Path,
                     help="EfficientRAG loop config: a JSON file, or a directory holding loop-<dataset>.json per dataset "
                          "(e.g. effrag/pretrained/efficientrag-all); default: the loop's defaults")
     ap.add_argument("--method-opts", default="{}", help='JSON: {"ircot": {"reader_prompt": "cot"}, ...}')
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--batch-size", type=int, default=1,
-                    help="questions per pipeline call: with an LLM that takes concurrent requests (hf:, openai:) "
-                         "the LLM methods run them in threads and the hf: backend decodes them as one batch")
-    ap.add_argument("--output", required=True, type=Path)
+    add_seed_arg(ap)
+    add_batch_size_arg(ap, 1, of="questions per pipeline call: with an LLM that takes concurrent requests (hf:, "
+                                 "openai:) the LLM methods run them in threads and the hf: backend decodes them as "
+                                 "one batch")
+    add_output_arg(ap, required=True, help="folder bench.md, bench.json and one run per <dataset>/<method> go to")
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing: tabulate the finished OUT/<dataset>/<method> runs (e.g. of a stopped bench)")
     add_source_args(ap)

@@ -34,21 +34,28 @@ COLUMNS = ["dataset", "method", "n", "recall", "avg_chunks", "em", "f1", "contex
 
 
 def parse_args(argv=None):
-    from effrag.cli_args import add_data_args, add_source_args
+    from effrag.cli_args import (
+        add_data_args,
+        add_irrr_arg,
+        add_output_arg,
+        add_reader_arg,
+        add_source_args,
+        add_threads_arg,
+    )
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reader", required=True, metavar="DIR", help="reader checkpoint (checkpoints/reader-all)")
+    add_reader_arg(ap, required=True)
     ap.add_argument("--model", metavar="DIR", default=None,
                     help="EfficientRAG folder with labeler/, filter/, loop-<dataset>.json (default: the shipped "
                          "efficientrag-all)")
-    ap.add_argument("--irrr", metavar="DIR", default=None, help="IRRR checkpoint: adds an irrr row (BM25)")
+    add_irrr_arg(ap, help="IRRR checkpoint: adds an irrr row (BM25)")
     ap.add_argument("--irrr-config", metavar="FILE", type=Path, default=None,
                     help="IRRR loop options as JSON (e.g. reports/archive/irrr/recall/best.json); default: IRRR's defaults")
     add_data_args(ap)
     ap.add_argument("--direct-k", type=int, nargs="+", default=[10, 20])
     ap.add_argument("--reader-mode", choices=("together", "each"), default="together")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all usable cores)")
-    ap.add_argument("--output", required=True, type=Path)
+    add_threads_arg(ap)
+    add_output_arg(ap, required=True)
     add_source_args(ap)
     return ap.parse_args(argv)
 

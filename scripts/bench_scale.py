@@ -324,25 +324,32 @@ def write_table(out: Path) -> None:
 
 
 def main() -> None:
-    from effrag.cli_args import add_data_dir_arg, add_source_args
+    from effrag.cli_args import (
+        add_checkpoints_arg,
+        add_data_dir_arg,
+        add_output_arg,
+        add_source_args,
+        add_threads_arg,
+        add_work_arg,
+    )
     from effrag.provenance import report_source
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", choices=["pooled", "synthetic", "e2e", "report"], default="pooled")
-    p.add_argument("--checkpoints", default="checkpoints/efficientrag-all", help="labeler/, filter/, loop-<ds>.json")
+    add_checkpoints_arg(p, "checkpoints/efficientrag-all", help="an EfficientRAG system folder (labeler/, filter/, "
+                                                                "loop-<ds>.json)")
     p.add_argument("--e2e-limit", type=int, default=200, help="Direct-R: first N dev questions per dataset")
     p.add_argument("--er-limit", type=int, default=50, help="EfficientRAG: first N dev questions per dataset")
     add_data_dir_arg(p)
-    p.add_argument("--output", default="reports/scale")
-    p.add_argument("--work", default=None,
-                   help="scratch folder for vectors, GBs at 5M (default $TMPDIR/effrag-scale, outside the repo)")
+    add_output_arg(p, "reports/scale")
+    add_work_arg(p, help="scratch folder for vectors, GBs at 5M (default $TMPDIR/effrag-scale, outside the repo)")
     p.add_argument("--types", nargs="+", default=["flat", "ivf", "ivfpq", "hnsw"])
     p.add_argument("--sizes", nargs="+", type=int, default=[1_000_000, 5_000_000])
     p.add_argument("--noise", type=float, default=0.02, help="std of the Gaussian noise per dimension")
     p.add_argument("--synthetic-queries", type=int, default=300)
     p.add_argument("--hnsw-max", type=int, default=1_000_000, help="largest size HNSW is built at")
     p.add_argument("--max-ram-gb", type=float, default=8.0, help="skip flat/IVF-Flat above this many GiB of vectors")
-    p.add_argument("--threads", type=int, default=2)
+    add_threads_arg(p, 2, help="FAISS threads")
     p.add_argument("--nlist", type=int, default=0, help="IVF lists (0: 4 sqrt(n))")
     p.add_argument("--nprobe", type=int, default=16)
     p.add_argument("--ef-search", type=int, default=128)

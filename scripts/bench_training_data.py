@@ -57,7 +57,7 @@ def _cfg(args, out_dir: Path):
     from effrag.training import load_config
 
     return load_config("labeler", {
-        "model": {"name_or_path": str(args.encoder)}, "data": {"train_file": str(args.data), "eval_files": [], "max_train_examples": None},
+        "model": {"name_or_path": str(args.encoder)}, "data": {"train_file": str(args.set), "eval_files": [], "max_train_examples": None},
         "train": {"output_dir": str(out_dir), "max_steps": args.steps, "batch_size": args.batch_size,
                   "log_every": max(1, args.steps), "save_every": 0, "eval_every": 0, "mixed_precision": "no",
                   "torch_threads": args.threads}})
@@ -75,11 +75,11 @@ def worker(args) -> dict:
     from effrag.training import loop, task_data
     from effrag.training.tasks import get_task
 
-    out: dict = {"data": str(args.data), "mode": args.mode}
+    out: dict = {"data": str(args.set), "mode": args.mode}
     if args.mode == "train":
         import shutil
 
-        work = Path(args.work) / f"train-{Path(args.data).name}-{os.getpid()}"
+        work = Path(args.work) / f"train-{Path(args.set).name}-{os.getpid()}"
         shutil.rmtree(work, ignore_errors=True)
         t0 = time.perf_counter()
         res = loop.train(_cfg(args, work))
@@ -140,7 +140,7 @@ def make_data(args) -> dict:
 
     work = args.work
     synth = work / "synth"
-    inputs = [args.data_dir / d / "train.jsonl" for d in DATASETS]
+    inputs = [args.data / d / "train.jsonl" for d in DATASETS]
     if not (synth / "dataset" / "labeler" / "state.json").is_file():
         synthesize(inputs, synth, retriever="bm25", output_format="both", show_progress=False)
     lines = (synth / "labeler.jsonl").read_text(encoding="utf-8").splitlines()
@@ -170,7 +170,7 @@ def make_data(args) -> dict:
 
 
 def run_worker(args, data: Path, mode: str) -> dict:
-    cmd = [sys.executable, __file__, "--worker", "--mode", mode, "--data", str(data), "--encoder", str(args.encoder),
+    cmd = [sys.executable, __file__, "--worker", "--mode", mode, "--set", str(data), "--encoder", str(args.encoder),
            "--work", str(args.work), "--examples", str(args.examples), "--steps", str(args.steps),
            "--batch-size", str(args.batch_size), "--threads", str(args.threads)]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -180,23 +180,31 @@ def run_worker(args, data: Path, mode: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from effrag.cli_args import add_source_args
+    from effrag.cli_args import (
+        add_batch_size_arg,
+        add_data_dir_arg,
+        add_encoder_arg,
+        add_output_arg,
+        add_source_args,
+        add_threads_arg,
+        add_work_arg,
+    )
     from effrag.provenance import report_source
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
-    ap.add_argument("--output", type=Path, default=ROOT / "reports" / "datasets")
-    ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_datasets")
+    add_data_dir_arg(ap, ROOT.parent / "shared" / "data")
+    add_output_arg(ap, ROOT / "reports" / "datasets")
+    add_work_arg(ap, ROOT / "runs" / "bench_datasets")
     ap.add_argument("--big", type=int, default=100_000, help="size of the repeated set")
     ap.add_argument("--examples", type=int, default=20_000, help="examples iterated per data-path measurement")
     ap.add_argument("--steps", type=int, default=30, help="optimizer steps of the short training runs")
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=2)
+    add_batch_size_arg(ap, 16, of="training batch size")
+    add_threads_arg(ap, 2)
     ap.add_argument("--report-only", action="store_true", help="rewrite report.md from report.json (no measuring)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="data", help=argparse.SUPPRESS)
-    ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--encoder", help=argparse.SUPPRESS)
+    ap.add_argument("--set", help=argparse.SUPPRESS)  # the worker's one set: a JSONL file or an Arrow folder
+    add_encoder_arg(ap, help=argparse.SUPPRESS)  # the worker's: the tiny encoder the run built
     add_source_args(ap)
     args = ap.parse_args(argv)
     if args.worker:  # a child of the run below, which checked the tree

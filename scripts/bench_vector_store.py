@@ -126,14 +126,14 @@ def measure(size: int, folder: Path, data: Path, questions: int) -> dict:
 
 
 def main(argv=None) -> None:
-    from effrag.cli_args import add_data_dir_arg, add_source_args
+    from effrag.cli_args import add_data_dir_arg, add_output_arg, add_source_args, add_work_arg
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 200_000, 1_000_000])
     add_data_dir_arg(ap)
-    ap.add_argument("--work", type=Path, default=Path("runs/bench-vector-store"))
-    ap.add_argument("--questions", type=int, default=64)
-    ap.add_argument("--out", type=Path, default=Path("reports/scale/vector-store"))
+    add_work_arg(ap, "runs/bench-vector-store", help="scratch folder: each size's corpus and index")
+    ap.add_argument("--questions", type=int, default=64, help="dev questions timed per size (default 64)")
+    add_output_arg(ap, "reports/scale/vector-store", dest="out")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the child: measure this size
     add_source_args(ap)
     args = ap.parse_args(argv)

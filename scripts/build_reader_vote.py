@@ -41,9 +41,11 @@ def card(output: Path, members: list[Path], command: str) -> str:
 
 
 def main(argv=None) -> int:
+    from effrag.cli_args import add_output_arg
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--members", nargs="+", required=True, type=Path, metavar="DIR", help="reader checkpoints (2 or more)")
-    ap.add_argument("--output", required=True, type=Path, metavar="DIR")
+    add_output_arg(ap, required=True, help="the vote's checkpoint folder")
     args = ap.parse_args(argv)
     from effrag.models.reader_vote import ReaderVote
 

@@ -55,14 +55,15 @@ def compare(evidence: list[dict], run: dict, skip: set[str]) -> dict:
 
 
 def main(argv=None) -> None:
-    from effrag.cli_args import add_source_args
+    from effrag.cli_args import add_evidence_arg, add_output_arg, add_source_args
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--evidence", type=Path, default=Path("reports/efficientrag/e5-small-late/evidence"))
+    add_evidence_arg(ap, "reports/efficientrag/e5-small-late/evidence",
+                     help="the evidence folder of the report whose recall the runs are compared with")
     ap.add_argument("--runs", nargs="+", required=True, metavar="NAME=DATASET:FOLDER",
                     help="a label, the dataset and a tune folder, e.g. loop-hotpotqa=hotpotqa:runs/tune/codec-hp")
     ap.add_argument("--control", metavar="NAME=DATASET:FOLDER", help="a run made with EFFRAG_LATE_CODEC=0")
-    ap.add_argument("--out", type=Path, default=Path("reports/scale/codec-recall"))
+    add_output_arg(ap, "reports/scale/codec-recall", dest="out")
     add_source_args(ap)
     args = ap.parse_args(argv)
     from effrag.data import sample_question_ids

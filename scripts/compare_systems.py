@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+from effrag.cli_args import add_output_arg
 from effrag.provenance import portable_path
 from effrag.tuning.compare_systems import TOLERANCE, compare_systems, comparison_markdown
 
@@ -23,7 +24,7 @@ def main(argv=None) -> int:
     p.add_argument("a", type=Path, help="a system folder (e.g. the recipe's export)")
     p.add_argument("b", type=Path, help="the system folder to compare with (e.g. effrag/pretrained/efficientrag-all)")
     p.add_argument("--tolerance", type=float, default=TOLERANCE, help="recall, as a fraction (default 0.01)")
-    p.add_argument("--output", type=Path, help="write the markdown here, and its data beside it as .json")
+    add_output_arg(p, help="write the markdown here, and its data beside it as .json", metavar="FILE")
     p.add_argument("--strict", action="store_true", help="exit 1 when the picks differ or a recall is not within")
     args = p.parse_args(argv)
     try:

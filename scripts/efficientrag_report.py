@@ -235,7 +235,16 @@ def ranker_factor_for(setup: dict, system: Path | None, name: str, parser) -> fl
 
 
 def main(argv=None) -> int:
-    from effrag.cli_args import add_data_dir_arg, add_source_args
+    from effrag.cli_args import (
+        add_budgets_arg,
+        add_data_dir_arg,
+        add_evidence_arg,
+        add_keep_sample_arg,
+        add_output_arg,
+        add_seed_arg,
+        add_source_args,
+        add_system_arg,
+    )
     from effrag.provenance import report_source
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -245,14 +254,13 @@ def main(argv=None) -> int:
                           "ranker folder they were tuned with (e.g. @ranker-teacher), and a dataset may be given "
                           "several folders, one per ranker: the rule then chooses among all their configs, each "
                           "read costed by its own ranker")
-    p.add_argument("--evidence", type=Path, metavar="DIR", help="a report's evidence/ folder (<dataset>.json.gz): "
-                     "every table rebuilt from it alone, no data folder or tuning run needed; with --tune, their rows "
-                     "are added to its own (the Direct-R baselines stay the evidence's) and the merged evidence is "
-                     "written")
+    add_evidence_arg(p, help="a report's evidence/ folder (<dataset>.json.gz): every table rebuilt from it alone, no "
+                             "data folder or tuning run needed; with --tune, their rows are added to its own (the "
+                             "Direct-R baselines stay the evidence's) and the merged evidence is written")
     add_data_dir_arg(p)
-    p.add_argument("--system", type=Path, help="write loop-<dataset>.json and loop.json into this system folder")
-    p.add_argument("--output", required=True, type=Path)
-    p.add_argument("--budgets", type=int, nargs="+", default=[7, 10])
+    add_system_arg(p, help="write loop-<dataset>.json and loop.json into this system folder")
+    add_output_arg(p, required=True)
+    add_budgets_arg(p)
     p.add_argument("--targets", nargs="+", default=[f"{b}={d}" for b, d in TARGETS.items()], metavar="CHUNKS=DEPTH",
                    help="the bar of each budget: EfficientRAG with at most CHUNKS against the strongest Direct-R@DEPTH "
                         "(default 7=20 10=30)")
@@ -260,7 +268,7 @@ def main(argv=None) -> int:
                    help="the baseline's dense and hybrid run with each (e.g. minilm e5-small): the bar is the strongest "
                         "of them all; the loop's own retriever is the tuning folders'")
     p.add_argument("--folds", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
+    add_seed_arg(p, help="the folds' seed")
     p.add_argument("--rule", choices=("best", "cheapest"), default="best",
                    help="best: the best recall at the budgets; cheapest: the config that reads least while keeping the "
                         "bar (the strongest Direct-R at the budgets' targets on the same questions, + --margin)")
@@ -276,7 +284,7 @@ def main(argv=None) -> int:
                         "loop-<dataset>.json ships loop.json's config (issue #67)")
     p.add_argument("--over", metavar="TEXT", help="what the rows were tuned over, written into each loop config's "
                    "chosen_on (e.g. which report chose the structures)")
-    p.add_argument("--keep-sample", action="store_true", help="let the bundled sample's dev questions choose too")
+    add_keep_sample_arg(p)
     add_source_args(p)
     args = p.parse_args(argv)
     if not args.tune and not args.evidence:

@@ -26,14 +26,14 @@ MODES = ("together", "each")
 
 
 def parse_args(argv=None):
-    from effrag.cli_args import add_data_args, add_source_args
+    from effrag.cli_args import add_data_args, add_output_arg, add_reader_arg, add_source_args, add_threads_arg
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reader", required=True, metavar="DIR", help="reader checkpoint (checkpoints/reader-all)")
+    add_reader_arg(ap, required=True)
     add_data_args(ap)
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all usable cores)")
-    ap.add_argument("--output", required=True, type=Path)
+    add_threads_arg(ap)
+    add_output_arg(ap, required=True)
     add_source_args(ap)
     return ap.parse_args(argv)
 

@@ -30,22 +30,28 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from effrag.cli_args import DATASETS  # noqa: E402
-
 SHOWN = (5, 7, 10)
 FORMAT = 1
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from effrag.cli_args import add_data_dir_arg, add_source_args
+    from effrag.cli_args import (
+        add_budgets_arg,
+        add_data_args,
+        add_evidence_arg,
+        add_irrr_arg,
+        add_keep_sample_arg,
+        add_output_arg,
+        add_seed_arg,
+        add_source_args,
+        add_system_arg,
+    )
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--irrr", help="IRRR model folder or shipped name: run the grid")
-    src.add_argument("--evidence", type=Path, help="rebuild the tables from these evidence files alone")
-    add_data_dir_arg(ap)
-    ap.add_argument("--datasets", nargs="+", default=list(DATASETS))
-    ap.add_argument("--limit", type=int, default=None, help="first N dev questions per dataset (default: all)")
+    add_irrr_arg(src, help="IRRR model folder or shipped name: run the grid")
+    add_evidence_arg(src, help="rebuild the tables from these evidence files alone")
+    add_data_args(ap)
     ap.add_argument("--runs", type=Path, default=Path("runs/irrr-crossfit"), help="per-question steps (resumable)")
     ap.add_argument("--query-thresholds", type=float, nargs="+", default=[0.15, 0.3])
     ap.add_argument("--first-k", type=int, nargs="+", default=[10])
@@ -55,14 +61,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--k", type=int, default=5, help="candidates per later step (the paper's 5)")
     ap.add_argument("--max-path", type=int, default=4)
     ap.add_argument("--return-k", type=int, default=10)
-    ap.add_argument("--budgets", type=int, nargs="+", default=[7, 10])
+    add_budgets_arg(ap)
     ap.add_argument("--folds", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--keep-sample", action="store_true", help="let the bundled sample's dev questions choose too")
+    add_seed_arg(ap, help="the folds' seed")
+    add_keep_sample_arg(ap)
     ap.add_argument("--er-report", type=Path, default=Path("reports/efficientrag/crossfit/crossfit.json"),
                     help="EfficientRAG's cross-fitted report (its Direct-R curves and held-out curves)")
-    ap.add_argument("--system", type=Path, help="write the joint choice to DIR/irrr.json")
-    ap.add_argument("--output", type=Path, required=True)
+    add_system_arg(ap, help="write the joint choice to DIR/irrr.json")
+    add_output_arg(ap, required=True)
     add_source_args(ap)
     return ap.parse_args(argv)
 

@@ -97,7 +97,7 @@ def by_dataset(records: list[dict], rr: list[float]) -> dict[str, float]:
 
 
 def main(argv=None) -> None:
-    from effrag.cli_args import add_data_dir_arg, add_source_args
+    from effrag.cli_args import add_data_dir_arg, add_output_arg, add_seed_arg, add_source_args
     from effrag.provenance import report_source, write_report
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -105,8 +105,8 @@ def main(argv=None) -> None:
     add_data_dir_arg(ap)
     ap.add_argument("--dev-groups", default="runs/ranker/dev_{}", help="dev group folders ({} = dataset)")
     ap.add_argument("--train-groups", default="runs/ranker/train_bm25_{}", help="train group folders")
-    ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--out", default="reports/scale/codec", type=Path)
+    add_seed_arg(ap, 42, help="seed of the groups sampled")
+    add_output_arg(ap, "reports/scale/codec", dest="out")
     add_source_args(ap)
     args = ap.parse_args(argv)
     commit = report_source(args.out, args.allow_dirty)
@@ -148,7 +148,7 @@ def main(argv=None) -> None:
         f"Commit `{commit}`, {time.strftime('%Y-%m-%d')}. Command: `python scripts/late_codec_quality.py --out "
         f"{args.out}` ({seconds:.0f} s on 2 CPU cores). Model `{args.model}`; its codec `{shipped.sha256[:16]}`, "
         f"{shipped.subspaces} subspaces x 256 codes, {shipped.bytes_per_token} bytes a token "
-        f"(`effrag ranker-codec --model {args.model} --inputs <data>/{{hotpotqa,2wikimqa,musique}}/train.jsonl`).",
+        f"(`effrag ranker-codec --model {args.model} --inputs <data>/{{{','.join(DATASETS)}}}/train.jsonl`).",
         "", "## 1. Choosing the level: train groups only", "",
         f"{len(train.records)} train groups (300 per train file, seed {args.seed}). MRR as computed: "
         f"{sum(raw) / len(raw):.4f}. A level keeps the bar when its paired difference, minus one SE, is >= -{BAR}.", "",

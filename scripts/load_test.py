@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from effrag.cli_args import add_source_args
+from effrag.cli_args import DATASETS, add_limit_arg, add_output_arg, add_questions_arg, add_source_args
 from effrag.evaluation.report import md_table
 from effrag.provenance import portable, provenance, report_source
 
@@ -182,15 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     target.add_argument("--url", help="a running server on loopback, e.g. http://127.0.0.1:8080")
     target.add_argument("--spawn", action="store_true", help="start `effrag serve --config` on a free loopback port")
     p.add_argument("--config", help="serve config for --spawn (default configs/serve.yaml)", default="configs/serve.yaml")
-    p.add_argument("--questions", default=None, help="dataset file (default: the bundled HotpotQA dev sample)")
-    p.add_argument("--limit", type=int, default=1000, help="use at most this many questions")
+    add_questions_arg(p, required=False, help="dataset file (default: the bundled HotpotQA dev sample)")
+    add_limit_arg(p, 1000, help="use at most this many questions")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--duration", type=float, default=20.0, help="seconds of load (at most 600)")
     p.add_argument("--max-requests", type=int, default=100_000)
     p.add_argument("--batch", type=int, default=1, help="questions per request")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, seconds")
-    p.add_argument("--out", default="runs/load_test", help="folder for load_test.json / load_test.md")
+    add_output_arg(p, "runs/load_test", dest="out", help="folder for load_test.json / load_test.md")
     add_source_args(p)
     args = p.parse_args(argv)
     if not (1 <= args.clients <= 256 and 0 < args.duration <= 600 and args.batch >= 1 and args.max_requests >= 1):
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.questions is None:
         from effrag.data import sample_path
 
-        args.questions = str(sample_path("hotpotqa", "dev"))
+        args.questions = str(sample_path(DATASETS[0], "dev"))  # HotpotQA's
     url = None if args.spawn else loopback_only(args.url)
     questions = load_question_texts(args.questions, args.limit)
     out = Path(args.out)

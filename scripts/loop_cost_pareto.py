@@ -81,7 +81,7 @@ def rows_of(bench: Path, curve: list[dict], bars: dict, model: str) -> list[list
 
 
 def main(argv=None) -> int:
-    from effrag.cli_args import add_source_args
+    from effrag.cli_args import add_output_arg, add_source_args
     from effrag.provenance import report_source
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -90,7 +90,8 @@ def main(argv=None) -> int:
                    help="crossfit.json files: a point's recall comes from the first that tried it (a ranker's own "
                         "report holds the rows the shipping report does not)")
     p.add_argument("--model", default="efficientrag-all")
-    p.add_argument("--output", type=Path, required=True)
+    add_output_arg(p, required=True, help="the markdown table (its uncommitted diff, if any, goes beside it)",
+                   metavar="FILE")
     add_source_args(p)
     args = p.parse_args(argv)
     commit = report_source(args.output.parent, args.allow_dirty, name=f"{args.output.stem}.uncommitted.diff")

@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from effrag.cli_args import DATASETS, add_output_arg
+
 # (dataset, split) -> number of records
 COUNTS = {
-    ("hotpotqa", "train"): 60, ("hotpotqa", "dev"): 30,
-    ("2wikimqa", "train"): 60, ("2wikimqa", "dev"): 30,
-    ("musique", "train"): 60, ("musique", "dev"): 30,
+    **{(d, split): n for d in DATASETS for split, n in (("train", 60), ("dev", 30))},
     ("bamboogle", "dev"): 10,
     ("strategyqa", "dev"): 10,
 }
@@ -41,7 +41,8 @@ def copy_head(src: Path, dst: Path, n: int) -> int:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("data_dir", type=Path, help="folder with <dataset>/<split>.jsonl files")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "effrag/data/sample")
+    add_output_arg(ap, Path(__file__).resolve().parents[1] / "effrag/data/sample", dest="out",
+                   help="the sample folder")
     args = ap.parse_args(argv)
     for (ds, split), n in COUNTS.items():
         src = args.data_dir / ds / f"{split}.jsonl"

@@ -28,7 +28,14 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 TOP = 30
 
-from effrag.cli_args import DATASETS, add_source_args  # noqa: E402 (no torch: the help prints without it)
+from effrag.cli_args import (  # noqa: E402 (no torch: the help prints without it)
+    DATASETS,
+    add_batch_size_arg,
+    add_keep_sample_arg,
+    add_output_arg,
+    add_source_args,
+    add_system_arg,
+)
 from effrag.provenance import committed_source, report_source  # noqa: E402
 
 
@@ -40,8 +47,8 @@ def dump(argv) -> int:
     add_method_args(p, "efficientrag")
     p.add_argument("--grid", nargs="*", default=[], metavar="NAME=V", help="loop options over the config's")
     p.add_argument("--top", type=int, default=TOP)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--out", type=Path, required=True)
+    add_batch_size_arg(p, 64, of="questions per loop call")
+    add_output_arg(p, required=True, dest="out", metavar="FILE", help="the dump (JSONL; resumed), its .meta.json beside it")
     add_source_args(p)
     args = p.parse_args(argv)
     commit = committed_source(args.allow_dirty)
@@ -173,7 +180,7 @@ def reordered(q: dict, scores: list[float], m: int) -> list[str]:
 def train(argv) -> int:
     p = argparse.ArgumentParser(prog="set_ranker.py train")
     p.add_argument("--train", nargs="+", type=Path, required=True, help="dumps of train questions only")
-    p.add_argument("--out", type=Path, required=True)
+    add_output_arg(p, required=True, dest="out", help="the trained model's folder")
     p.add_argument("--pointwise", action="store_true", help="the control: no attention over the set")
     p.add_argument("--drop", nargs="*", default=[], help="features zeroed (ablation), e.g. linked_rel named_by_top")
     p.add_argument("--no-links", action="store_true", help="no link-biased attention (links matrix zeroed)")
@@ -227,7 +234,7 @@ def score(argv) -> int:
     p = argparse.ArgumentParser(prog="set_ranker.py score")
     p.add_argument("--model", type=Path, nargs="+", required=True, help="one or more trained folders")
     p.add_argument("--dumps", nargs="+", type=Path, required=True)
-    p.add_argument("--out", type=Path, required=True)
+    add_output_arg(p, required=True, dest="out", metavar="FILE", help="the scores (JSONL, gzipped if it ends in .gz)")
     p.add_argument("--tops", default="10,20,30", help="the model reorders the pool's first M, for each M")
     add_source_args(p)
     args = p.parse_args(argv)
@@ -268,9 +275,9 @@ def report(argv) -> int:
     p.add_argument("--scores", nargs="+", type=Path, required=True)
     p.add_argument("--joint", nargs="*", default=[], help="dumps chosen together (loop.json's: one order for all)")
     p.add_argument("--only", nargs="*", default=None, help="orders offered to the rule (default: all); pool always")
-    p.add_argument("--out", type=Path, required=True, help="writes OUT.json (decisions) and OUT.md")
-    p.add_argument("--keep-sample", action="store_true", help="let the bundled sample's dev questions choose too (a "
-                   "run whose data is the bundled sample has no other)")
+    add_output_arg(p, required=True, dest="out", metavar="OUT", help="writes OUT.json (decisions) and OUT.md")
+    add_keep_sample_arg(p, help="let the bundled sample's dev questions choose too (a run whose data is the bundled "
+                                "sample has no other)")
     add_source_args(p)
     args = p.parse_args(argv)
     commit = report_source(args.out.parent, args.allow_dirty, name=f"{args.out.name}.uncommitted.diff")
@@ -321,7 +328,7 @@ def ship(argv) -> int:
     joint one."""
     p = argparse.ArgumentParser(prog="set_ranker.py ship")
     p.add_argument("--decisions", type=Path, required=True, help="report's OUT.json")
-    p.add_argument("--system", type=Path, required=True)
+    add_system_arg(p, required=True, help="the system folder whose loop config files get the decisions")
     p.add_argument("--report", required=True, help="the report's path, as the loop files record it")
     args = p.parse_args(argv)
     from effrag.tuning.set_ranker import apply_decision

@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from effrag.cli_args import DATASETS
+from effrag.cli_args import DATASETS, add_budgets_arg
 
 
 def _curve(row: dict, skip: set[str]) -> dict[int, float]:
@@ -62,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("folder", type=Path, help="a tuning folder (results.jsonl) or a results.jsonl file")
     p.add_argument("--by", required=True, help="comma-separated config options to group by")
-    p.add_argument("--budgets", default="7,10", help="chunk budgets (default 7,10); the last one picks the row "
-                                                      "whose seen figures are shown")
+    add_budgets_arg(p, help="chunk budgets; the last one picks the row whose seen figures are shown", one_value=True)
     p.add_argument("--where", nargs="*", default=[], metavar="OPTION=VALUE", help="keep only these rows")
     p.add_argument("--exclude-sample", action="store_true",
                    help="score only the questions outside the bundled sample (the headline's questions)")
@@ -77,10 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         if not sep:
             p.error(f"--where {item!r}: expected OPTION=VALUE")
         where[k] = v
-    try:
-        budgets = [int(b) for b in args.budgets.split(",") if b]
-    except ValueError:
-        p.error(f"--budgets {args.budgets!r}: expected integers")
+    budgets = args.budgets
     rows = []
     with path.open(encoding="utf-8") as f:
         for n, line in enumerate(f, 1):

@@ -4,10 +4,10 @@
 Writes ``labeler.jsonl``, ``filter.jsonl``, ``rejects.jsonl``, ``done.jsonl``
 (resumable: a rerun skips finished questions unless ``--fresh``), ``config.json``
 and ``stats.json`` (record counts, reject reasons, wall time, LLM calls, cache hits
-and tokens) into ``--out``. Example (SmolLM2 in process, 20 HotpotQA questions)::
+and tokens) into ``--output``. Example (SmolLM2 in process, 20 HotpotQA questions)::
 
     nice .venv/bin/python scripts/synthesize_llm_sample.py \
-        --data ../shared/data/hotpotqa/train.jsonl --n 20 --llm default --out runs/llm_sample
+        --questions ../shared/data/hotpotqa/train.jsonl --n 20 --llm default --output runs/llm_sample
 
 Hard negatives are not added here (that is the negatives step of ``effrag synthesize``).
 """
@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data_synthesis.llm_steps import LLMStepsConfig, SynthesisReject, synthesize_question_llm  # noqa: E402
+from effrag.cli_args import add_llm_arg, add_output_arg, add_questions_arg, add_seed_arg  # noqa: E402
 from effrag.data import load_questions  # noqa: E402
 from effrag.jsonl import ResumableWriter, read_jsonl  # noqa: E402
 from effrag.llm import load_llm  # noqa: E402
@@ -30,15 +31,15 @@ from effrag.llm import load_llm  # noqa: E402
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", required=True, help="dataset file (HotpotQA / 2Wiki / MuSiQue, original format)")
+    add_questions_arg(ap, aliases=("--data",), help="dataset file (HotpotQA / 2Wiki / MuSiQue, original format)")
     ap.add_argument("--n", type=int, default=20, help="first N questions (0 = all)")
-    ap.add_argument("--llm", default="default", help="LLM spec: default | gguf:PATH | openai:URL#MODEL")
-    ap.add_argument("--out", required=True, help="output directory")
+    add_llm_arg(ap, "default")
+    add_output_arg(ap, required=True, dest="out", help="output directory")
     ap.add_argument("--cache", default=None, help="sqlite response cache (default: $EFFRAG_CACHE_DIR or ~/.cache/effrag)")
     ap.add_argument("--max-retries", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
+    add_seed_arg(ap, help="the synthesis steps' seed")
     ap.add_argument("--n-ctx", type=int, default=4096, help="context size of a GGUF model")
-    ap.add_argument("--fresh", action="store_true", help="delete previous outputs in --out first")
+    ap.add_argument("--fresh", action="store_true", help="delete previous outputs in --output first")
     args = ap.parse_args(argv)
 
     from tqdm import tqdm
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.fresh and out.exists():
         for name in ("labeler", "filter", "rejects", "done"):
             (out / f"{name}.jsonl").unlink(missing_ok=True)
-    questions = load_questions(args.data)
+    questions = load_questions(args.questions)
     if args.n:
         questions = questions[: args.n]
     cfg = LLMStepsConfig(max_retries=args.max_retries, seed=args.seed)
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     llm = load_llm(args.llm, **options)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(
-        {"data": args.data, "n": args.n, "llm": args.llm, "model_id": llm.model_id, "steps": cfg.__dict__},
+        {"data": args.questions, "n": args.n, "llm": args.llm, "model_id": llm.model_id, "steps": cfg.__dict__},
         indent=2))
 
     t0 = time.perf_counter()

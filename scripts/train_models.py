@@ -41,6 +41,7 @@ import sys
 import time
 from pathlib import Path
 
+from effrag.cli_args import add_data_dir_arg, add_datasets_arg
 from effrag.pretrained import LOOP_DATASETS
 from effrag.provenance import DATA_ROOT, portable_text
 from effrag.training.cards import MODELS, card_describes_run, model_card
@@ -248,15 +249,13 @@ def main() -> int:
     p.add_argument("--synth", metavar="DIR", help="synthesis output dir: Labeler/Filter train on DIR/<model>.jsonl")
     p.add_argument("--labeler-overrides", default="", metavar="ARGS",
                    help="overrides for the Labeler only, e.g. '--model.name_or_path smollm2 --train.lr 5e-5'")
-    p.add_argument("--data", default=os.environ.get("DATA", "../shared/data"), metavar="DIR",
-                   help="dataset folder (<dataset>/{train,dev}.jsonl) of the IRRR and reader data steps")
-    p.add_argument("--datasets", default=",".join(DATASETS), help="train sets pooled by the IRRR and reader data")
+    add_data_dir_arg(p)
+    add_datasets_arg(p, DATASETS, help="train sets pooled by the IRRR and reader data (a,b,c or a b c)")
     p.add_argument("--dev-limit", type=int, default=60, help="dev questions per dataset for IRRR / reader validation")
     p.add_argument("--dry-run", action="store_true",
                    help="print each model's data, training and after-install commands; run and install nothing")
     p.add_argument("overrides", nargs=argparse.REMAINDER, help="after --: train.py overrides for every model")
     args = p.parse_args()
-    args.datasets = [d for d in args.datasets.split(",") if d]
     extra = [a for a in args.overrides if a != "--"]
     roles = args.models.split(",")
     for role in roles:

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-from effrag.cli_args import DATASETS  # noqa: E402
 
 
 def pairs(items: list[str], what: str) -> dict[str, str]:
@@ -57,21 +56,30 @@ def render(rows: list[dict], models: list[str], datasets: list[str]) -> str:
 
 
 def main(argv=None) -> int:
-    from effrag.cli_args import add_source_args
+    from effrag.cli_args import (
+        add_batch_size_arg,
+        add_bf16_arg,
+        add_data_dir_arg,
+        add_datasets_arg,
+        add_limit_arg,
+        add_output_arg,
+        add_retriever_arg,
+        add_source_args,
+    )
     from effrag.provenance import report_source
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", required=True, type=Path, help="folder with <dataset>/{train,dev}.jsonl")
-    p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
+    add_data_dir_arg(p)
+    add_datasets_arg(p, only_these=True)
     p.add_argument("--models", nargs="+", required=True, metavar="NAME=DIR",
                    help="DIR with labeler/ and filter/ (or LABELER,FILTER)")
     p.add_argument("--config", nargs="*", default=[], metavar="DATASET=JSON",
                    help="loop config per evaluated dataset (e.g. the tuner's best.json); default: the loop defaults")
-    p.add_argument("--retriever", choices=["dense", "bm25"], default="dense")
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast for the dense encoder and the models")
-    p.add_argument("--limit", type=int, default=0, help="first N dev questions per dataset (0 = all)")
-    p.add_argument("--batch-size", type=int, default=32, help="questions per loop call")
-    p.add_argument("--output", required=True, type=Path)
+    add_retriever_arg(p, "dense", choices=["dense", "bm25"])
+    add_bf16_arg(p, help="bf16 autocast for the dense encoder and the models")
+    add_limit_arg(p, 0, help="first N dev questions per dataset", zero_all=True)
+    add_batch_size_arg(p, 32, of="questions per loop call")
+    add_output_arg(p, required=True)
     add_source_args(p)
     args = p.parse_args(argv)
     commit = report_source(args.output, args.allow_dirty)

@@ -33,7 +33,7 @@ DEFAULT_GRID = ["tag_threshold=0.3,0.5,0.7", "token_threshold=0.3,0.5", "query_m
 
 
 def main(argv=None) -> int:
-    from effrag.cli_args import add_method_args, add_run_args, add_source_args
+    from effrag.cli_args import add_batch_size_arg, add_method_args, add_output_arg, add_run_args, add_source_args
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_args(p, sample=True, retriever_default="dense")
@@ -46,10 +46,10 @@ def main(argv=None) -> int:
                       help="the items from a file's `grid:` list (the recipe's: effrag/configs/efficientrag_recipe.yaml)")
     p.add_argument("--chunk-budget", type=float, default=None, help="best = highest recall with at most this many "
                    "average chunks (default: highest recall, fewer chunks on ties)")
-    p.add_argument("--batch-size", type=int, default=64, help="questions per loop call")
+    add_batch_size_arg(p, 64, of="questions per loop call")
     p.add_argument("--curve-max", type=int, default=10, help="recall of each pool truncated at 1..N chunks "
                    "(= max_candidates N); with --chunk-budget, truncations compete for best too")
-    p.add_argument("--output", required=True, type=Path)
+    add_output_arg(p, required=True, help="the tuning folder (results.jsonl, resumed; best.json)")
     add_source_args(p)
     args = p.parse_args(argv)
     import logging

@@ -12,19 +12,25 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from effrag.cli_args import add_data_args, add_source_args
+    from effrag.cli_args import (
+        add_data_args,
+        add_irrr_arg,
+        add_limit_arg,
+        add_output_arg,
+        add_source_args,
+        add_threads_arg,
+    )
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--irrr", required=True)
-    add_data_args(ap, limit=False)
-    ap.add_argument("--limit", type=int, default=40, help="first N dev questions per dataset")
+    add_irrr_arg(ap, required=True)
+    g = add_data_args(ap, limit=False)
+    add_limit_arg(g, 40, help="first N dev questions per dataset")
     ap.add_argument("--query-thresholds", type=float, nargs="+", default=[0.2, 0.35, 0.5])
     ap.add_argument("--answer-thresholds", type=float, nargs="+", default=[-4, -2, -1, 0, 1, 2, 3, 4, 6])
     ap.add_argument("--max-path", type=int, default=4)
@@ -36,8 +42,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--fill-order", nargs="+", choices=["rerank", "retrieval"], default=["rerank"],
                     help="orders of the --return-k fill to replay (grid; no rerun)")
     ap.add_argument("--objective", choices=["f1", "recall"], default="f1")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--output", required=True, type=Path)
+    add_threads_arg(ap, 1)
+    add_output_arg(ap, required=True)
     add_source_args(ap)
     return ap.parse_args(argv)
 

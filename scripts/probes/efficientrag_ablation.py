@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from effrag.cli_args import DATASETS
 from effrag.evaluation.report import md_table
 
 
@@ -48,18 +46,18 @@ def parse_row(spec: str) -> tuple[str, str, dict]:
 
 
 def main(argv=None) -> int:
-    from effrag.cli_args import add_source_args
+    from effrag.cli_args import add_budgets_arg, add_datasets_arg, add_keep_sample_arg, add_output_arg, add_source_args
     from effrag.provenance import report_source
     from effrag.tuning.crossfit import crossfit
     from effrag.tuning.loop_configs import read_rows
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--datasets", nargs="+", default=list(DATASETS))
+    add_datasets_arg(p, help="datasets whose runs each row reads")
     p.add_argument("--row", action="append", required=True, metavar="LABEL=DIR_TEMPLATE[:KEY=VALUE,...]")
-    p.add_argument("--budgets", type=int, nargs="+", default=[7, 10])
+    add_budgets_arg(p)
     p.add_argument("--folds", type=int, default=5)
-    p.add_argument("--keep-sample", action="store_true", help="let the bundled sample's dev questions count too")
-    p.add_argument("--output", required=True, type=Path, help="markdown table (a .json beside it holds every figure)")
+    add_keep_sample_arg(p, help="let the bundled sample's dev questions count too")
+    add_output_arg(p, required=True, help="markdown table (a .json beside it holds every figure)", metavar="FILE")
     add_source_args(p)
     args = p.parse_args(argv)
     commit = report_source(args.output.parent, args.allow_dirty, name=f"{args.output.stem}.uncommitted.diff")

@@ -64,12 +64,12 @@ def classify(preds: list) -> tuple[Counter, Counter, list[str]]:
 
 
 def main(argv=None) -> int:
-    from effrag.cli_args import add_source_args
+    from effrag.cli_args import add_output_arg, add_source_args
     from effrag.provenance import report_source
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="effrag eval output folders (or predictions.jsonl files)")
-    p.add_argument("--output", type=Path, help="write the markdown here (default: print only)")
+    add_output_arg(p, help="write the markdown here (default: print only)", metavar="FILE")
     add_source_args(p)
     args = p.parse_args(argv)
     commit = (report_source(args.output.parent, args.allow_dirty, name=f"{args.output.stem}.uncommitted.diff")

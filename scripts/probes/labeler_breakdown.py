@@ -45,15 +45,15 @@ def read_records(path: Path) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    from effrag.cli_args import add_source_args
+    from effrag.cli_args import add_batch_size_arg, add_output_arg, add_source_args
     from effrag.provenance import provenance, report_source
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--labeler", help="Labeler checkpoint directory; without it, only the records per kind are "
                                       "counted (e.g. a train file's composition)")
     ap.add_argument("--records", nargs="+", required=True, type=Path, help="synthesized labeler.jsonl files")
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--output", required=True, type=Path)
+    add_batch_size_arg(ap, 32, of="(query, chunk) records per Labeler forward pass")
+    add_output_arg(ap, required=True, help="folder breakdown.md and breakdown.json are written to")
     add_source_args(ap)
     args = ap.parse_args(argv)
     data = {str(f): read_records(f) for f in args.records}  # bad input fails before the model loads

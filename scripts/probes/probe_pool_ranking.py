@@ -30,7 +30,6 @@ import os
 import random
 import re
 import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -98,14 +97,14 @@ def ranked(result, scores) -> list[str]:
 
 
 def main(argv=None) -> int:
-    from effrag.cli_args import add_method_args, add_run_args, add_source_args
+    from effrag.cli_args import add_batch_size_arg, add_method_args, add_output_arg, add_run_args, add_source_args
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_args(p, sample=True, retriever_default="dense")
     add_method_args(p, "efficientrag")
     p.add_argument("--folds", type=int, default=5, help="cross-validation folds over the questions (default 5)")
-    p.add_argument("--batch-size", type=int, default=64, help="questions per loop call")
-    p.add_argument("--output", required=True, type=Path)
+    add_batch_size_arg(p, 64, of="questions per loop call")
+    add_output_arg(p, required=True)
     add_source_args(p)
     args = p.parse_args(argv)
     if args.folds < 2:

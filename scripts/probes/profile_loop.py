@@ -1,10 +1,10 @@
 """Where the EfficientRAG loop's time goes: ``cProfile`` of the shipped system over dev questions, by kind of work.
 
-The shipped system by name (``--model``, its ``loop-<dataset>.json`` and retriever, as ``effrag eval`` runs it: the
-corpus prepared first, ``EfficientRAGLoop.prepare``), one warm-up batch, then ``--limit`` questions in batches of
-``--batch``. Writes ``OUTPUT/profile.md``: the share of the
-profiled time in torch's kernels (linear, attention, GELU, layer norm, embedding), the Rust tokenizer, spaCy's word
-splitting and the rest, and the 25 functions of most own time. Profiling adds overhead to Python-heavy parts, so
+The shipped system by name (``--checkpoints``, or ``--model`` as before; its ``loop-<dataset>.json`` and retriever,
+as ``effrag eval`` runs it: the corpus prepared first, ``EfficientRAGLoop.prepare``), one warm-up batch, then
+``--limit`` questions in batches of ``--batch``. Writes ``OUTPUT/profile.md``: the share of the profiled time in
+torch's kernels (linear, attention, GELU, layer norm, embedding), the Rust tokenizer, spaCy's word splitting and the
+rest, and the 25 functions of most own time. Profiling adds overhead to Python-heavy parts, so
 the shares bound them from above.
 
     python scripts/probes/profile_loop.py --dataset 2wikimqa --limit 32 --output reports/efficientrag/loop-cost/profile-2wikimqa
@@ -34,25 +34,31 @@ KINDS = {  # kind of work -> substrings of the profiled function's name
 
 
 def main(argv=None) -> int:
-    from effrag.cli_args import add_data_dir_arg, add_source_args
+    from effrag.cli_args import (
+        DATASETS,
+        add_checkpoints_arg,
+        add_data_args,
+        add_limit_arg,
+        add_output_arg,
+        add_source_args,
+    )
     from effrag.pipelines.efficientrag import EfficientRAGLoop, build_config, load_models
     from effrag.pipelines.efficientrag.system import open_system
     from effrag.provenance import provenance, report_source
     from effrag.setup import RunSetup
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dataset", default="2wikimqa")
-    add_data_dir_arg(p)
-    p.add_argument("--model", default="efficientrag-all")
-    p.add_argument("--limit", type=int, default=32)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--output", type=Path, required=True)
+    g = add_data_args(p, datasets=DATASETS[1:2], one=True, limit=False)  # --dataset: 2WikiMQA unless given
+    add_limit_arg(g, 32, help="dev questions profiled, after the warm-up batch")
+    add_checkpoints_arg(p, "efficientrag-all", help="the shipped system by name, or a system folder")
+    p.add_argument("--batch", type=int, default=16, help="questions per loop call (default 16)")
+    add_output_arg(p, required=True, help="folder profile.md is written to")
     add_source_args(p)
     args = p.parse_args(argv)
     commit = report_source(args.output, args.allow_dirty)
     logging.disable(logging.WARNING)
     data = args.data / args.dataset
-    system = open_system(args.model, dataset=args.dataset)
+    system = open_system(args.checkpoints, dataset=args.dataset)
     setup = RunSetup.build(data / "dev.jsonl", corpus_from=[data / "train.jsonl"], retriever=system.retriever or "dense",
                            bf16=True, limit=args.limit + args.batch)
     labeler, filter_model, ranker = load_models(system.labeler, system.filter, "cpu", ranker=system.ranker)
@@ -75,7 +81,7 @@ def main(argv=None) -> int:
     top = io.StringIO()
     pstats.Stats(prof, stream=top).sort_stats("tottime").print_stats(25)
     n = len(texts) - args.batch
-    lines = [f"# Where the loop's time goes: {args.model}, {system.config.name if system.config else 'defaults'}, "
+    lines = [f"# Where the loop's time goes: {args.checkpoints}, {system.config.name if system.config else 'defaults'}, "
              f"{args.dataset}", "",
              f"{n} dev questions in batches of {args.batch} after one warm-up batch; {wall / n * 1000:.0f} ms per "
              f"question under the profiler. Command: `{provenance(argv=argv, prog='python scripts/probes/profile_loop.py')['command']}`"

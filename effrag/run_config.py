@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 # what config.json records beside the options: compared (corpus) or only informative
-RECORDED_ONLY = {"corpus_fingerprint", "corpus_size", "model_files", "method_config", "versions", "started", "ks"}
+RECORDED_ONLY = {"schema", "corpus_fingerprint", "corpus_size", "model_files", "method_config", "versions", "started", "ks"}
 NOT_OPTIONS = {"func", "method_opts", "help", "config", "command", "verbose"}  # parser dests a file cannot set
 MUST_EXIST = {"questions", "corpus_from", "corpus", "index", "answer_aliases"}  # paths read by the run
 MAYBE_PATHS = {"encoder", "reader"}  # paths or names (a shipped reader, an HF encoder)

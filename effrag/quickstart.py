@@ -181,12 +181,11 @@ def _system_files(system: dict | None, dataset: str) -> dict[str, Any]:
     """The models and loop config EfficientRAG runs with on ``dataset``: the shipped system's, or --small's."""
     if system is not None:
         return {**system, "encoder": None, "config_text": json.dumps(SMALL_CONFIG, sort_keys=True)}
-    from effrag.pipelines.efficientrag.system import open_system
+    from effrag.pipelines import get_pipeline_class
 
-    files = open_system("efficientrag-all", dataset=dataset)
-    return {"model": "efficientrag-all", "config": str(files.config) if files.config else None,
-            "retriever": files.retriever, "encoder": files.encoder,
-            "config_text": files.config.read_text() if files.config else None}
+    plan = get_pipeline_class("efficientrag").plan({"model": "efficientrag-all"}, dataset=dataset)  # as every door
+    return {"model": "efficientrag-all", "config": plan.settings, "retriever": plan.retriever, "encoder": plan.encoder,
+            "config_text": Path(plan.settings).read_text() if plan.settings else None}
 
 
 def _system_identity(system: dict | None) -> dict[str, str]:
@@ -258,7 +257,7 @@ def _evaluate(ds: str, setup, setups: dict, files: dict, out: Path, llm: str | N
     ``setup``'s questions (over EfficientRAG's retriever, ``setups[kind]``; ``setups`` holds the same corpus under
     each retriever)."""
     from effrag.evaluation import evaluate
-    from effrag.pipelines import build_pipeline
+    from effrag.pipelines import build_pipeline, get_pipeline_class
 
     # per-batch "inputs truncated at max_length" notes would drown the progress bars (the figures count them in)
     logging.getLogger("effrag.models").setLevel(logging.ERROR)
@@ -277,8 +276,9 @@ def _evaluate(ds: str, setup, setups: dict, files: dict, out: Path, llm: str | N
             direct, questions, gold, out / f"direct-r-{name}", {"method": "direct-r", "dataset": ds, "retriever": name},
             ks=ks, show_progress=True)]
     if "model" in files:
-        erag = build_pipeline("efficientrag", searchers[kind], model=files["model"], er_config=files["config"],
-                              max_candidates=CURVE_MAX, generator=generator, bf16=True)
+        plan = get_pipeline_class("efficientrag").plan({"model": files["model"], "er_config": files["config"],
+                                                        "max_candidates": CURVE_MAX, "bf16": True}, dataset=ds)
+        erag = plan.build(searchers[kind], generator=generator)
     else:
         erag = build_pipeline("efficientrag", searchers[kind], labeler=str(files["labeler"]),
                               filter=str(files["filter"]), ranker=str(files["ranker"]), config=SMALL_CONFIG,

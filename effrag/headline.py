@@ -83,9 +83,10 @@ def _cores(rows: list[dict]) -> str:
     return "/".join(str(t) for t in sorted({r["threads"] for r in rows})) + " CPU cores"
 
 
-def headline_markdown(spec: dict, root: str | Path) -> str:
-    """The table and one line of sources, as the README holds them between :data:`START` and :data:`END`."""
-    rows = headline_rows(spec, root)
+def headline_markdown(spec: dict, root: str | Path, rows: list[dict] | None = None) -> str:
+    """The table and one line of sources, as the README holds them between :data:`START` and :data:`END`
+    (``rows``: :func:`headline_rows`, when already read)."""
+    rows = rows if rows is not None else headline_rows(spec, root)
     pct = lambda x: f"{100 * x:.1f}"  # noqa: E731
     lines = ["| dataset (questions) | strongest Direct-R@20 | EfficientRAG <= 7 chunks | strongest Direct-R@30 | "
              "EfficientRAG <= 10 chunks | <= 5 chunks | reads per question (Labeler / ranker / Filter) | "
@@ -109,7 +110,7 @@ def headline_markdown(spec: dict, root: str | Path) -> str:
     return "\n".join(lines) + "\n\n" + sources + "\n"
 
 
-def card_markdown(spec: dict, root: str | Path) -> str:
+def card_markdown(spec: dict, root: str | Path, rows: list[dict] | None = None) -> str:
     """The shipped system's card between its headline markers: each loop file's cross-fitted figures and the cost
     of each. The table is :func:`effrag.pretrained.card.crossfit_table`, which the card's export writes too.
     ``loop.json``'s recall must be the evidence's joint pick, and each cost bench must have run the config it costs."""
@@ -117,7 +118,7 @@ def card_markdown(spec: dict, root: str | Path) -> str:
     from effrag.tuning.loop_cost import single_ratio
 
     root = Path(root)
-    rows = headline_rows(spec, root)
+    rows = rows if rows is not None else headline_rows(spec, root)
     loops = {name: _loop(spec, root, name) for name in LOOP_FILES}
     crossfit = json.loads((root / spec["recall"]["evidence"]).read_text())
     for ds, fig in loops["loop.json"]["crossfit"].items():
@@ -217,9 +218,10 @@ def rendered_blocks(spec: dict, root: str | Path) -> list[tuple[str, str, str]]:
     root = Path(root)
     report = (root / spec["recall"]["report"]).parent
     card = f"{spec['system']}/README.md"
-    return [("README.md", "headline", headline_markdown(spec, root)),
+    rows = headline_rows(spec, root)  # read once for both tables
+    return [("README.md", "headline", headline_markdown(spec, root, rows)),
             ("README.md", "quickstart", quickstart_markdown(spec, root)),
-            (card, "headline", card_markdown(spec, root)),
+            (card, "headline", card_markdown(spec, root, rows)),
             (card, "dev-figures", dev_figures_markdown((report / "table2.md").read_text(),
                                                        (report / "curve.md").read_text()))]
 

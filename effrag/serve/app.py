@@ -1,5 +1,6 @@
 """The FastAPI app: endpoints, request models, error format, body cap, drain state."""
 import asyncio
+import functools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -124,7 +125,6 @@ def create_app(config: ServeConfig | dict | str | Path, service: Service | None 
     cfg = config if isinstance(config, ServeConfig) else load_config(config)
     rules = get_pipeline_class(cfg.method.name).request_rules()  # what the served method's class lets a request set
     RetrieveRequest, AnswerRequest = _request_models(cfg.server, rules)
-    elsewhere = _other_methods_options(cfg.method.name, rules)
     lifecycle = Lifecycle()
 
     @asynccontextmanager
@@ -155,8 +155,9 @@ def create_app(config: ServeConfig | dict | str | Path, service: Service | None 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
         errs = [{k: v for k, v in e.items() if k not in ("ctx", "input", "url")} for e in exc.errors()]
-        foreign = sorted({str(e["loc"][-1]) for e in errs if e.get("type") == "extra_forbidden"
-                          and len(e.get("loc", ())) == 2 and e["loc"][-1] in elsewhere})
+        extra = [e for e in errs if e.get("type") == "extra_forbidden" and len(e.get("loc", ())) == 2]
+        elsewhere = _other_methods_options(cfg.method.name, frozenset(rules)) if extra else frozenset()
+        foreign = sorted({str(e["loc"][-1]) for e in extra if e["loc"][-1] in elsewhere})
         if foreign and len(foreign) == len(errs):  # another method's option: the request is well formed, not ours
             return error(400, f"method {cfg.method.name} takes no {', '.join(foreign)} "
                               f"(its per-request options: {', '.join(sorted(rules)) or 'none'})")
@@ -239,9 +240,11 @@ def create_app(config: ServeConfig | dict | str | Path, service: Service | None 
 
     return app
 
-def _other_methods_options(method: str, rules: dict) -> frozenset[str]:
+@functools.cache
+def _other_methods_options(method: str, rules: frozenset[str]) -> frozenset[str]:
     """The per-request options of every other registered method that the served one lacks: such a field is a
-    well-formed request to the wrong method (400, naming what this one takes), not a typo (422)."""
+    well-formed request to the wrong method (400, naming what this one takes), not a typo (422). Asked only when a
+    request has a field its schema lacks, and once: it imports every method's module."""
     names = set()
     for name in available_pipelines():
         if name != method:
